@@ -1,0 +1,135 @@
+/* flashattn: exact attention, IO-aware. Stable C ABI.
+ *
+ * Every function returns an fa_status; on failure fa_last_error() gives a
+ * message (thread-local) that names the problem. Nothing here aborts.
+ *
+ * Layout is flash-attn's: q (batch, seqlen_q, heads_q, head_dim),
+ * k/v (batch, seqlen_k, heads_kv, head_dim). For variable-length batches the
+ * batch dimension is dropped, q is (total_q, heads_q, head_dim) and
+ * fa_varlen gives the cumulative sequence lengths. Strides are in elements;
+ * only the last dimension must be contiguous.
+ *
+ * The logsumexp is f32, natural log, (batch, heads_q, seqlen_q), or
+ * (heads_q, total_q) for variable-length batches. A query row that sees no key
+ * gets output 0 and lse = -inf.
+ */
+#ifndef FLASHATTN_FLASHATTN_H
+#define FLASHATTN_FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FA_API __declspec(dllexport)
+#else
+#define FA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+#define FA_MAX_DIMS 4
+
+typedef enum fa_status {
+  FA_OK = 0,
+  FA_ERROR_INVALID_ARGUMENT = 1,  /* bad shape, stride, option or pointer */
+  FA_ERROR_UNSUPPORTED = 2,       /* valid, but not implemented (dtype, head dim, ...) */
+  FA_ERROR_BACKEND_UNAVAILABLE = 3, /* backend not built, or no device present */
+  FA_ERROR_DEVICE = 4,            /* a CUDA call failed */
+  FA_ERROR_OUT_OF_MEMORY = 5,
+  FA_ERROR_INTERNAL = 6
+} fa_status;
+
+typedef enum fa_dtype { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
+
+typedef enum fa_device_type { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device_type;
+
+typedef enum fa_backend {
+  FA_BACKEND_AUTO = 0, /* where the tensors live: CUDA tensors -> CUDA, host -> CPU */
+  FA_BACKEND_CPU = 1,
+  FA_BACKEND_CUDA = 2
+} fa_backend;
+
+typedef struct fa_tensor {
+  void* data;
+  fa_dtype dtype;
+  fa_device_type device;
+  int32_t device_index;
+  int32_t ndim;
+  int64_t shape[FA_MAX_DIMS];
+  int64_t strides[FA_MAX_DIMS]; /* elements */
+} fa_tensor;
+
+/* Variable-length batches. cu_seqlens_* are int32, batch+1 entries,
+ * non-decreasing, starting at 0 and ending at total tokens; they live on the
+ * same device as q. max_seqlen_* bound every sequence. */
+typedef struct fa_varlen {
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int32_t batch;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+} fa_varlen;
+
+typedef struct fa_options {
+  float softmax_scale;   /* 0 -> 1/sqrt(head_dim) */
+  int32_t causal;        /* bottom-right aligned when seqlen_q != seqlen_k */
+  int32_t window_left;   /* -1 = unbounded */
+  int32_t window_right;  /* -1 = unbounded */
+  float softcap;         /* 0 = off; else scores -> softcap*tanh(scores/softcap) */
+  int32_t deterministic; /* backward: bitwise reproducible gradients */
+  fa_backend backend;
+  void* stream;          /* cudaStream_t for the CUDA backend; NULL = default stream */
+  int32_t num_threads;   /* CPU backend; 0 = all hardware threads */
+  int32_t reserved[7];   /* zero; room to grow without breaking the ABI */
+} fa_options;
+
+/* Defaults: scale 1/sqrt(d), no mask, window (-1,-1), auto backend. */
+FA_API fa_options fa_default_options(void);
+
+FA_API const char* fa_last_error(void);
+FA_API const char* fa_status_string(fa_status status);
+FA_API const char* fa_dtype_name(fa_dtype dtype);
+FA_API const char* fa_version(void);
+
+/* 1 if the backend was compiled in and can run here (CUDA: a device is visible). */
+FA_API int fa_backend_available(fa_backend backend);
+/* Why a backend cannot run here, or "" if it can. */
+FA_API const char* fa_backend_unavailable_reason(fa_backend backend);
+
+/* out = softmax(scale * q k^T + mask) v ; lse may be NULL; varlen may be NULL. */
+FA_API fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                            fa_tensor* out, fa_tensor* lse, const fa_varlen* varlen,
+                            const fa_options* options);
+
+/* Bytes of scratch memory fa_forward uses beyond its inputs and outputs (the
+ * CPU backend's per-thread tiles; 0 on CUDA): never O(seqlen^2). */
+FA_API fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k,
+                                           const fa_tensor* v, const fa_varlen* varlen,
+                                           const fa_options* options, size_t* bytes);
+
+/* Bytes of scratch memory fa_backward needs for these arguments, on the
+ * tensors' device. */
+FA_API fa_status fa_backward_workspace_size(const fa_tensor* q, const fa_tensor* k,
+                                            const fa_tensor* v, const fa_varlen* varlen,
+                                            const fa_options* options, size_t* bytes);
+
+/* Gradients by recomputation from lse (the forward's logsumexp). workspace may
+ * be NULL, in which case the library allocates (and frees) what it needs; pass
+ * a buffer of fa_backward_workspace_size() bytes to keep allocations off the
+ * hot path. */
+FA_API fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                             const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                             fa_tensor* dq, fa_tensor* dk, fa_tensor* dv,
+                             const fa_varlen* varlen, const fa_options* options,
+                             void* workspace, size_t workspace_bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHATTN_FLASHATTN_H */

@@ -1,0 +1,163 @@
+// The C ABI: validate, pick the backend, dispatch.
+#include <cmath>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "core/backends.h"
+#include "core/error.h"
+#include "core/validate.h"
+#include "flashattn/flashattn.h"
+
+using namespace flashattn;
+
+namespace {
+
+// C++ exceptions never cross the C ABI.
+template <typename F>
+fa_status guarded(F&& f) {
+  try {
+    clear_error();
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail(FA_ERROR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(FA_ERROR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return fail(FA_ERROR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+bool cpu_available(const char** why) {
+  *why = "";
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+fa_options fa_default_options(void) {
+  fa_options o{};
+  o.softmax_scale = 0.0f;
+  o.causal = 0;
+  o.window_left = -1;
+  o.window_right = -1;
+  o.softcap = 0.0f;
+  o.deterministic = 0;
+  o.backend = FA_BACKEND_AUTO;
+  o.stream = nullptr;
+  o.num_threads = 0;
+  return o;
+}
+
+const char* fa_last_error(void) { return last_error(); }
+
+const char* fa_status_string(fa_status status) {
+  switch (status) {
+    case FA_OK: return "ok";
+    case FA_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case FA_ERROR_UNSUPPORTED: return "unsupported";
+    case FA_ERROR_BACKEND_UNAVAILABLE: return "backend unavailable";
+    case FA_ERROR_DEVICE: return "device error";
+    case FA_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case FA_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+const char* fa_dtype_name(fa_dtype dtype) {
+  switch (dtype) {
+    case FA_F32: return "f32";
+    case FA_F16: return "f16";
+    case FA_BF16: return "bf16";
+  }
+  return "unknown";
+}
+
+const char* fa_version(void) { return "0.1.0"; }
+
+int fa_backend_available(fa_backend backend) {
+  const char* why = "";
+  switch (backend) {
+    case FA_BACKEND_AUTO:
+    case FA_BACKEND_CPU: return cpu_available(&why) ? 1 : 0;
+    case FA_BACKEND_CUDA: return cuda::available(&why) ? 1 : 0;
+  }
+  return 0;
+}
+
+const char* fa_backend_unavailable_reason(fa_backend backend) {
+  const char* why = "unknown backend";
+  switch (backend) {
+    case FA_BACKEND_AUTO:
+    case FA_BACKEND_CPU: cpu_available(&why); break;
+    case FA_BACKEND_CUDA: cuda::available(&why); break;
+  }
+  return why;
+}
+
+fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v, fa_tensor* out,
+                     fa_tensor* lse, const fa_varlen* varlen, const fa_options* options) {
+  return guarded([&]() -> fa_status {
+    AttentionParams p;
+    FA_RETURN_IF_ERROR(make_forward_params({q, k, v, out, lse, varlen, options}, &p));
+    if (resolve_backend(*options, *q) == FA_BACKEND_CUDA) {
+      FA_RETURN_IF_ERROR(cuda::check_forward(p));
+      return cuda::forward(p);
+    }
+    return cpu::forward(p);
+  });
+}
+
+fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                                    const fa_varlen* varlen, const fa_options* options,
+                                    size_t* bytes) {
+  return guarded([&]() -> fa_status {
+    if (bytes == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "bytes is a null pointer");
+    AttentionParams p;
+    FA_RETURN_IF_ERROR(make_shape_params(q, k, v, varlen, options, &p));
+    *bytes = resolve_backend(*options, *q) == FA_BACKEND_CUDA ? 0 : cpu::forward_workspace_size(p);
+    return FA_OK;
+  });
+}
+
+fa_status fa_backward_workspace_size(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                                     const fa_varlen* varlen, const fa_options* options,
+                                     size_t* bytes) {
+  return guarded([&]() -> fa_status {
+    if (bytes == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "bytes is a null pointer");
+    AttentionParams p;
+    FA_RETURN_IF_ERROR(make_shape_params(q, k, v, varlen, options, &p));
+    *bytes = resolve_backend(*options, *q) == FA_BACKEND_CUDA ? cuda::backward_workspace_size(p)
+                                                              : cpu::backward_workspace_size(p);
+    return FA_OK;
+  });
+}
+
+fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                      const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                      fa_tensor* dq, fa_tensor* dk, fa_tensor* dv, const fa_varlen* varlen,
+                      const fa_options* options, void* workspace, size_t workspace_bytes) {
+  return guarded([&]() -> fa_status {
+    AttentionParams p;
+    FA_RETURN_IF_ERROR(
+        make_backward_params({q, k, v, out, dout, lse, dq, dk, dv, varlen, options}, &p));
+    const bool use_cuda = resolve_backend(*options, *q) == FA_BACKEND_CUDA;
+    const size_t needed = use_cuda ? cuda::backward_workspace_size(p) : cpu::backward_workspace_size(p);
+    if (workspace != nullptr && workspace_bytes < needed) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, "workspace has " + std::to_string(workspace_bytes) +
+                                                 " bytes, the backward pass needs " +
+                                                 std::to_string(needed));
+    }
+    p.workspace = workspace;
+    p.workspace_bytes = workspace != nullptr ? workspace_bytes : 0;
+    if (use_cuda) {
+      FA_RETURN_IF_ERROR(cuda::check_backward(p));
+      return cuda::backward(p);
+    }
+    return cpu::backward(p);
+  });
+}
+
+}  // extern "C"

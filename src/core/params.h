@@ -1,0 +1,78 @@
+// The one plain params struct. The C API fills it after validation; the CPU
+// backend, the CUDA kernels and the reference all take it. No framework types.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+struct AttentionParams {
+  fa_dtype dtype = FA_F32;
+  fa_device_type device = FA_DEVICE_CPU;
+  int device_index = 0;
+
+  // Sizes. For variable-length batches seqlen_q/seqlen_k hold the maxima and
+  // the per-sequence lengths come from cu_seqlens_q/k.
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int heads_kv = 0;
+  int head_dim = 0;
+  int64_t total_q = 0;  // rows of q over the batch (batch*seqlen_q when fixed-length)
+  int64_t total_k = 0;
+
+  // Variable-length batches: int32[batch+1], on `device`; null when fixed-length.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  bool is_varlen() const { return cu_seqlens_q != nullptr; }
+
+  // Forward tensors. Strides in elements. For varlen, batch strides are 0 and
+  // rows are addressed by cu_seqlens offset * row stride.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+
+  // Logsumexp, f32: (batch, heads_q, seqlen_q) or (heads_q, total_q) for varlen.
+  // May be null in the forward pass.
+  float* lse = nullptr;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+
+  // Backward tensors (dout shares q's dtype; dq/dk/dv have the shapes of q/k/v).
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  // Options, normalized: causal already folded into window_right = 0 (keeping
+  // `causal` for kernels that want it); -1 = unbounded.
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  bool deterministic = false;
+
+  void* stream = nullptr;  // cudaStream_t
+  int num_threads = 0;     // CPU backend
+
+  // Backward scratch, sized by the backend's workspace query.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+
+  bool has_mask() const { return window_left >= 0 || window_right >= 0; }
+  int group_size() const { return heads_q / heads_kv; }  // query heads per kv head
+};
+
+}  // namespace flashattn

@@ -1,0 +1,42 @@
+// Turns C API arguments into validated AttentionParams, or a clear error.
+#pragma once
+
+#include "core/params.h"
+
+namespace flashattn {
+
+struct ForwardArgs {
+  const fa_tensor* q;
+  const fa_tensor* k;
+  const fa_tensor* v;
+  const fa_tensor* out;
+  const fa_tensor* lse;  // may be null
+  const fa_varlen* varlen;
+  const fa_options* options;
+};
+
+struct BackwardArgs {
+  const fa_tensor* q;
+  const fa_tensor* k;
+  const fa_tensor* v;
+  const fa_tensor* out;
+  const fa_tensor* dout;
+  const fa_tensor* lse;
+  const fa_tensor* dq;
+  const fa_tensor* dk;
+  const fa_tensor* dv;
+  const fa_varlen* varlen;
+  const fa_options* options;
+};
+
+// Resolves FA_BACKEND_AUTO from where the tensors live.
+fa_backend resolve_backend(const fa_options& options, const fa_tensor& q);
+
+fa_status make_forward_params(const ForwardArgs& args, AttentionParams* params);
+fa_status make_backward_params(const BackwardArgs& args, AttentionParams* params);
+// Shapes and options only (no output tensors): for workspace queries.
+fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                            const fa_varlen* varlen, const fa_options* options,
+                            AttentionParams* params);
+
+}  // namespace flashattn

@@ -1,0 +1,207 @@
+// CPU FlashAttention-2 backward by recomputation from the logsumexp.
+//
+// NOTES: Two passes instead of atomics, so gradients are deterministic and no
+// two threads write the same row:
+//   - dK/dV pass: one work item per (sequence, kv head, key tile); it walks the
+//     query tiles (of every query head in its group) that can see the tile.
+//   - dQ pass: one work item per (sequence, query head, query tile); it walks
+//     the key tiles it can see.
+// Each pass recomputes P = exp(S - lse) and dP = dO V^T; the extra FLOPs buy
+// freedom from synchronization. D = rowsum(dO * O) is computed first.
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "core/backends.h"
+#include "core/parallel.h"
+#include "cpu/tiles.h"
+
+namespace flashattn::cpu {
+namespace {
+
+struct BackwardScratch {
+  std::vector<float> q, dout, kt, vt, k, s, dp, grad, grad2, lse, row_d;
+  explicit BackwardScratch(int d)
+      : q(kBlockQ * d), dout(kBlockQ * d), kt(d * kBlockK), vt(d * kBlockK), k(kBlockK * d),
+        s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), grad(kBlockK * d), grad2(kBlockK * d),
+        lse(kBlockQ), row_d(kBlockQ) {}
+};
+
+RowTensor dout_rows(const AttentionParams& p) {
+  return {p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride};
+}
+
+// D[h][row] = rowsum(dO * O), in the same (heads_q, total_q) layout for every batch kind.
+void compute_row_d(const AttentionParams& p, float* row_d) {
+  parallel_for(static_cast<int64_t>(p.batch) * p.heads_q, p.num_threads, [&](int64_t item, int) {
+    const int b = static_cast<int>(item / p.heads_q), h = static_cast<int>(item % p.heads_q);
+    const SequenceInfo seq = sequence_info(p, b);
+    for (int i = 0; i < seq.seqlen_q; ++i) {
+      const int64_t o = row_offset(b, seq.row_q, i, h, p.o_batch_stride, p.o_row_stride,
+                                   p.o_head_stride, p.is_varlen());
+      const int64_t g = row_offset(b, seq.row_q, i, h, p.do_batch_stride, p.do_row_stride,
+                                   p.do_head_stride, p.is_varlen());
+      float sum = 0.0f;
+      for (int c = 0; c < p.head_dim; ++c) {
+        sum += load_as_float(p.out, o + c, p.dtype) * load_as_float(p.dout, g + c, p.dtype);
+      }
+      row_d[static_cast<int64_t>(h) * p.total_q + seq.row_q + i] = sum;
+    }
+  });
+}
+
+// For a (query tile, key tile) pair with Q, dO, K^T, V^T, lse and D loaded:
+// s <- P = exp(S - lse) (0 where masked or the row sees nothing),
+// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T.
+void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
+                        int k0, int cols, BackwardScratch& w) {
+  const int d = p.head_dim;
+  matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());  // S = scale * Q K^T
+  for (int i = 0; i < rows * kBlockK; ++i) w.s[i] *= p.scale;
+  finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
+  matmul_a_bt(w.dout.data(), w.vt.data(), rows, d, w.dp.data());  // dP = dO V^T
+  const float inv_cap = p.softcap > 0 ? 1.0f / p.softcap : 0.0f;
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < kBlockK; ++j) {
+      float& s = w.s[i * kBlockK + j];
+      float& dp = w.dp[i * kBlockK + j];
+      if (s == kNegInf || w.lse[i] == kNegInf) {
+        s = 0.0f;
+        dp = 0.0f;
+        continue;
+      }
+      const float capped = s;
+      s = std::exp(s - w.lse[i]);
+      float ds = s * (dp - w.row_d[i]);
+      if (p.softcap > 0) ds *= 1.0f - (capped * inv_cap) * (capped * inv_cap);
+      dp = ds * p.scale;
+    }
+  }
+}
+
+void load_query_side(const AttentionParams& p, const float* row_d_all, int b,
+                     const SequenceInfo& seq, int h, int q0, int rows, BackwardScratch& w) {
+  load_tile(p, q_rows(p), b, seq.row_q, q0, rows, kBlockQ, h, 1.0f, w.q.data());
+  load_tile(p, dout_rows(p), b, seq.row_q, q0, rows, kBlockQ, h, 1.0f, w.dout.data());
+  for (int i = 0; i < rows; ++i) {
+    w.lse[i] = p.lse[lse_offset(p, b, seq.row_q, q0 + i, h)];
+    w.row_d[i] = row_d_all[static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + i];
+  }
+}
+
+void store_rows(const AttentionParams& p, void* base, int64_t batch_stride, int64_t row_stride,
+                int64_t head_stride, int b, int64_t seq_first_row, int row0, int rows, int h,
+                const float* src) {
+  for (int r = 0; r < rows; ++r) {
+    const int64_t off = row_offset(b, seq_first_row, row0 + r, h, batch_stride, row_stride,
+                                   head_stride, p.is_varlen());
+    for (int c = 0; c < p.head_dim; ++c) store_from_float(base, off + c, p.dtype, src[r * p.head_dim + c]);
+  }
+}
+
+// dV = sum P^T dO ; dK = sum dS^T (scale folded into dS) Q, over the group's query heads.
+void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, int k_tile,
+               BackwardScratch& w) {
+  const SequenceInfo seq = sequence_info(p, b);
+  const MaskPolicy mask = mask_for(p, seq);
+  const int d = p.head_dim;
+  const int k0 = k_tile * kBlockK;
+  const int cols = std::min(kBlockK, seq.seqlen_k - k0);
+  if (cols <= 0) return;
+  load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
+  load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
+  std::vector<float>& dk = w.grad;
+  std::vector<float>& dv = w.grad2;
+  std::fill(dk.begin(), dk.end(), 0.0f);
+  std::fill(dv.begin(), dv.end(), 0.0f);
+  const int q_begin = mask.query_begin(k0), q_end = mask.query_end(k0 + cols);
+  for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+    for (int q0 = q_begin / kBlockQ * kBlockQ; q0 < q_end; q0 += kBlockQ) {
+      const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
+      load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
+      recompute_p_and_ds(p, mask, q0, rows, k0, cols, w);
+      for (int i = 0; i < rows; ++i) {
+        const float* qi = &w.q[i * d];
+        const float* doi = &w.dout[i * d];
+        for (int j = 0; j < cols; ++j) {
+          const float pij = w.s[i * kBlockK + j], dsij = w.dp[i * kBlockK + j];
+          float* dvj = &dv[j * d];
+          float* dkj = &dk[j * d];
+          for (int c = 0; c < d; ++c) {
+            dvj[c] += pij * doi[c];
+            dkj[c] += dsij * qi[c];
+          }
+        }
+      }
+    }
+  }
+  store_rows(p, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, b, seq.row_k, k0, cols,
+             hk, dk.data());
+  store_rows(p, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, b, seq.row_k, k0, cols,
+             hk, dv.data());
+}
+
+// dQ = sum dS K (scale folded into dS).
+void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int q_tile,
+             BackwardScratch& w) {
+  const SequenceInfo seq = sequence_info(p, b);
+  const MaskPolicy mask = mask_for(p, seq);
+  const int d = p.head_dim, hk = h / p.group_size();
+  const int q0 = q_tile * kBlockQ;
+  const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
+  if (rows <= 0) return;
+  load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
+  std::vector<float>& dq = w.grad;  // kBlockQ == kBlockK rows
+  std::fill(dq.begin(), dq.end(), 0.0f);
+  const int k_begin = mask.key_begin(q0), k_end = mask.key_end(q0 + rows);
+  for (int k0 = k_begin / kBlockK * kBlockK; k0 < k_end; k0 += kBlockK) {
+    const int cols = std::min(kBlockK, seq.seqlen_k - k0);
+    load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
+    load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
+    load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data());
+    recompute_p_and_ds(p, mask, q0, rows, k0, cols, w);
+    matmul_acc_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data());
+  }
+  store_rows(p, p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, seq.row_q, q0, rows,
+             h, dq.data());
+}
+
+static_assert(kBlockQ == kBlockK, "dq_tile reuses the key-tile gradient buffer");
+
+}  // namespace
+
+size_t backward_workspace_size(const AttentionParams& p) {
+  return sizeof(float) * static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_q);
+}
+
+fa_status backward(const AttentionParams& p) {
+  std::unique_ptr<float[]> owned;
+  float* row_d = static_cast<float*>(p.workspace);
+  if (row_d == nullptr) {
+    owned.reset(new float[std::max<size_t>(1, backward_workspace_size(p) / sizeof(float))]);
+    row_d = owned.get();
+  }
+  compute_row_d(p, row_d);
+
+  const int threads = p.num_threads > 0 ? p.num_threads : default_thread_count();
+  std::vector<BackwardScratch> scratch(static_cast<size_t>(threads), BackwardScratch(p.head_dim));
+  const int k_tiles = ceil_div(p.seqlen_k, kBlockK);
+  parallel_for(static_cast<int64_t>(p.batch) * p.heads_kv * k_tiles, threads,
+               [&](int64_t item, int t) {
+                 const int64_t bh = item / k_tiles;
+                 dkdv_tile(p, row_d, static_cast<int>(bh / p.heads_kv),
+                           static_cast<int>(bh % p.heads_kv), static_cast<int>(item % k_tiles),
+                           scratch[t]);
+               });
+  const int q_tiles = ceil_div(p.seqlen_q, kBlockQ);
+  parallel_for(static_cast<int64_t>(p.batch) * p.heads_q * q_tiles, threads,
+               [&](int64_t item, int t) {
+                 const int64_t bh = item / q_tiles;
+                 dq_tile(p, row_d, static_cast<int>(bh / p.heads_q),
+                         static_cast<int>(bh % p.heads_q), static_cast<int>(item % q_tiles),
+                         scratch[t]);
+               });
+  return FA_OK;
+}
+
+}  // namespace flashattn::cpu

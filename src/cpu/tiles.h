@@ -1,0 +1,108 @@
+// CPU backend: tile sizes and the small dense kernels both passes share.
+//
+// NOTES: 64x64 tiles keep Q, K^T, V, S and the accumulator of one work item
+// (5 * 64 * 256 * 4 B = 320 KiB at head_dim 256, 80 KiB at 64) near the L2 of
+// a core; inner loops run over a contiguous dimension so the compiler
+// vectorizes them without reassociating sums.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/layout.h"
+#include "core/params.h"
+
+namespace flashattn::cpu {
+
+constexpr int kBlockQ = 64;  // query rows per tile (B_r)
+constexpr int kBlockK = 64;  // key rows per tile (B_c)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A tensor of rows (q, k, v, out, dout and their gradients) seen through its strides.
+struct RowTensor {
+  const void* data;
+  int64_t batch_stride, row_stride, head_stride;
+};
+
+inline RowTensor q_rows(const AttentionParams& p) {
+  return {p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride};
+}
+inline RowTensor k_rows(const AttentionParams& p) {
+  return {p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride};
+}
+inline RowTensor v_rows(const AttentionParams& p) {
+  return {p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride};
+}
+
+// dst[r][c] = src(row0 + r)[c] * multiplier, rows beyond `rows` zero-filled to `tile_rows`.
+inline void load_tile(const AttentionParams& p, const RowTensor& t, int b, int64_t seq_first_row,
+                      int row0, int rows, int tile_rows, int head, float multiplier, float* dst) {
+  const int d = p.head_dim;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride, t.row_stride,
+                                   t.head_stride, p.is_varlen());
+    for (int c = 0; c < d; ++c) dst[r * d + c] = load_as_float(t.data, off + c, p.dtype) * multiplier;
+  }
+  std::fill(dst + rows * d, dst + tile_rows * d, 0.0f);
+}
+
+// dst[c][r] = src(row0 + r)[c]: K^T, so S = Q K^T runs its inner loop over keys.
+inline void load_tile_transposed(const AttentionParams& p, const RowTensor& t, int b,
+                                 int64_t seq_first_row, int row0, int rows, int head, float* dst) {
+  const int d = p.head_dim;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride, t.row_stride,
+                                   t.head_stride, p.is_varlen());
+    for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = load_as_float(t.data, off + c, p.dtype);
+  }
+  for (int c = 0; c < d; ++c) std::fill(dst + c * kBlockK + rows, dst + (c + 1) * kBlockK, 0.0f);
+}
+
+// C[rows][kBlockK] = A[rows][d] * Bt[d][kBlockK]
+inline void matmul_a_bt(const float* a, const float* bt, int rows, int d, float* c) {
+  for (int i = 0; i < rows; ++i) {
+    float* ci = c + i * kBlockK;
+    std::fill(ci, ci + kBlockK, 0.0f);
+    for (int k = 0; k < d; ++k) {
+      const float aik = a[i * d + k];
+      const float* bk = bt + k * kBlockK;
+      for (int j = 0; j < kBlockK; ++j) ci[j] += aik * bk[j];
+    }
+  }
+}
+
+// C[rows][d] += P[rows][kBlockK] * B[cols][d]
+inline void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, float* c) {
+  for (int i = 0; i < rows; ++i) {
+    float* ci = c + i * d;
+    for (int j = 0; j < cols; ++j) {
+      const float pij = p[i * kBlockK + j];
+      if (pij == 0.0f) continue;
+      const float* bj = b + j * d;
+      for (int k = 0; k < d; ++k) ci[k] += pij * bj[k];
+    }
+  }
+}
+
+// Scores in place: softcap, then -inf outside the mask (tile origin q0, k0).
+// Partially visible tiles pay for the mask; fully visible ones skip it.
+inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
+                          int k0, int cols, float* s) {
+  if (p.softcap > 0) {
+    const float inv_cap = 1.0f / p.softcap;
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = p.softcap * std::tanh(s[i * kBlockK + j] * inv_cap);
+  }
+  if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < kBlockK; ++j)
+      if (j >= cols || !mask.visible(q0 + i, k0 + j)) s[i * kBlockK + j] = kNegInf;
+}
+
+inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,139 @@
+// The CUDA backend's entry points: availability, GPU-specific argument checks,
+// and dispatch to the kernel families.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/backends.h"
+#include "core/error.h"
+
+namespace flashattn::cuda {
+namespace {
+
+constexpr int kMinComputeMajor = 8;  // mma.sync bf16 needs sm_80
+constexpr int kAlignmentBytes = 16;  // 16-byte vector loads of rows
+
+fa_status cuda_error(cudaError_t err, const char* what) {
+  return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+fa_status check_device_pointer(const void* ptr, const char* name, int device_index) {
+  if (ptr == nullptr) return FA_OK;  // empty tensors
+  cudaPointerAttributes attr{};
+  cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " is not a CUDA pointer");
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                std::string(name) + " is not device memory (the CUDA backend needs device tensors)");
+  }
+  if (attr.device != device_index) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " lives on cuda:" +
+                                               std::to_string(attr.device) + ", not cuda:" +
+                                               std::to_string(device_index));
+  }
+  if (reinterpret_cast<uintptr_t>(ptr) % kAlignmentBytes != 0) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                std::string(name) + " must be 16-byte aligned for the CUDA kernels");
+  }
+  return FA_OK;
+}
+
+fa_status check_common(const AttentionParams& p) {
+  if (p.dtype != FA_F16 && p.dtype != FA_BF16) {
+    return fail(FA_ERROR_UNSUPPORTED, std::string("the CUDA backend supports f16 and bf16, not ") +
+                                          fa_dtype_name(p.dtype));
+  }
+  if (p.head_dim % 8 != 0 || p.head_dim > 256) {
+    return fail(FA_ERROR_UNSUPPORTED, "head_dim " + std::to_string(p.head_dim) +
+                                          " is not supported: the CUDA backend takes multiples "
+                                          "of 8 up to 256");
+  }
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || p.device_index >= device_count) {
+    cudaGetLastError();
+    return fail(FA_ERROR_INVALID_ARGUMENT, "cuda:" + std::to_string(p.device_index) + " does not exist");
+  }
+  cudaDeviceProp prop{};
+  cudaError_t err = cudaGetDeviceProperties(&prop, p.device_index);
+  if (err != cudaSuccess) return cuda_error(err, "cudaGetDeviceProperties");
+  if (prop.major < kMinComputeMajor) {
+    return fail(FA_ERROR_UNSUPPORTED, "compute capability " + std::to_string(prop.major) + "." +
+                                          std::to_string(prop.minor) +
+                                          " is not supported (sm_80 or newer needed)");
+  }
+  // Every row starts 16-byte aligned: strides must be multiples of 8 elements.
+  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride,
+                             p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                             p.v_batch_stride, p.v_row_stride, p.v_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0) {
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  "strides of q, k, v must be multiples of 8 elements (16 bytes) on CUDA");
+    }
+  }
+  FA_RETURN_IF_ERROR(check_device_pointer(p.q, "q", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.k, "k", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.v, "v", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.out, "out", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.lse, "lse", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.cu_seqlens_q, "cu_seqlens_q", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", p.device_index));
+  return FA_OK;
+}
+
+}  // namespace
+
+bool available(const char** why) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    *why = "no CUDA device is visible";
+    return false;
+  }
+  *why = "";
+  return true;
+}
+
+fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index) {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_index);
+  cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  cudaSetDevice(previous);
+  if (err != cudaSuccess) return cuda_error(err, "copying cu_seqlens to the host");
+  return FA_OK;
+}
+
+fa_status check_forward(const AttentionParams& p) {
+  FA_RETURN_IF_ERROR(check_common(p));
+  if (p.o_batch_stride % 8 || p.o_row_stride % 8 || p.o_head_stride % 8) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "strides of out must be multiples of 8 elements on CUDA");
+  }
+  return FA_OK;
+}
+
+fa_status check_backward(const AttentionParams& p) {
+  FA_RETURN_IF_ERROR(check_common(p));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.dout, "dout", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.dq, "dq", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.dk, "dk", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.dv, "dv", p.device_index));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.workspace, "workspace", p.device_index));
+  return FA_OK;
+}
+
+fa_status forward(const AttentionParams&) {
+  return fail(FA_ERROR_UNSUPPORTED, "the CUDA forward kernel is not implemented yet");
+}
+
+fa_status backward(const AttentionParams&) {
+  return fail(FA_ERROR_UNSUPPORTED, "the CUDA backward kernel is not implemented yet");
+}
+
+size_t backward_workspace_size(const AttentionParams&) { return 0; }
+
+}  // namespace flashattn::cuda

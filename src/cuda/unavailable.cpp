@@ -1,0 +1,21 @@
+// The CUDA backend when the library is built without CUDA (-DFLASHATTN_CUDA=OFF).
+#include "core/backends.h"
+#include "core/error.h"
+
+namespace flashattn::cuda {
+namespace {
+constexpr const char* kNotBuilt = "flashattn was built without CUDA (FLASHATTN_CUDA=OFF)";
+fa_status not_built() { return fail(FA_ERROR_BACKEND_UNAVAILABLE, kNotBuilt); }
+}  // namespace
+
+bool available(const char** why) {
+  *why = kNotBuilt;
+  return false;
+}
+fa_status check_forward(const AttentionParams&) { return not_built(); }
+fa_status check_backward(const AttentionParams&) { return not_built(); }
+fa_status forward(const AttentionParams&) { return not_built(); }
+fa_status backward(const AttentionParams&) { return not_built(); }
+size_t backward_workspace_size(const AttentionParams&) { return 0; }
+fa_status copy_to_host(void*, const void*, size_t, int) { return not_built(); }
+}  // namespace flashattn::cuda

@@ -1,0 +1,178 @@
+#include "reference/reference.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/dtype.h"
+#include "core/layout.h"
+#include "core/parallel.h"
+
+namespace flashattn::reference {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+struct Rounder {
+  fa_dtype dtype;
+  bool exact;
+  double operator()(double x) const {
+    return exact ? x : static_cast<double>(round_to_dtype(static_cast<float>(x), dtype));
+  }
+};
+
+// Rows of one (sequence, head) as doubles: rows x head_dim.
+std::vector<double> load_rows(const void* base, fa_dtype dtype, const AttentionParams& p, int b,
+                              int64_t first_row, int rows, int head, int64_t batch_stride,
+                              int64_t row_stride, int64_t head_stride) {
+  const int d = p.head_dim;
+  std::vector<double> m(static_cast<size_t>(rows) * d);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t off = row_offset(b, first_row, r, head, batch_stride, row_stride, head_stride,
+                                   p.is_varlen());
+    for (int c = 0; c < d; ++c) m[static_cast<size_t>(r) * d + c] = load_as_float(base, off + c, dtype);
+  }
+  return m;
+}
+
+double dot(const double* a, const double* b, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Scores of query row i against every key: softcap(scale * q.k), -inf where masked.
+// Returns the number of visible keys.
+int score_row(const AttentionParams& p, const MaskPolicy& mask, const Rounder& round,
+              const double* q_row, const std::vector<double>& k, int i, std::vector<double>& s) {
+  const int d = p.head_dim;
+  int visible = 0;
+  for (int j = 0; j < mask.seqlen_k; ++j) {
+    if (!mask.visible(i, j)) {
+      s[j] = kNegInf;
+      continue;
+    }
+    double x = round(round(dot(q_row, &k[static_cast<size_t>(j) * d], d)) * p.scale);
+    if (p.softcap > 0) x = round(p.softcap * std::tanh(x / p.softcap));
+    s[j] = x;
+    ++visible;
+  }
+  return visible;
+}
+
+// p_j = exp(s_j - lse), with lse = log(sum_j exp(s_j)); returns lse.
+double softmax_row(const std::vector<double>& s, int n, std::vector<double>& prob) {
+  double m = kNegInf;
+  for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
+  const double lse = m + std::log(sum);
+  for (int j = 0; j < n; ++j) prob[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - lse);
+  return lse;
+}
+
+}  // namespace
+
+ForwardResult forward(const AttentionParams& p, Precision precision, int row_stride) {
+  const Rounder round{p.dtype, precision == Precision::kFloat64};
+  const int d = p.head_dim;
+  ForwardResult r;
+  r.out.assign(static_cast<size_t>(p.total_q) * p.heads_q * d, 0.0);
+  r.lse.assign(static_cast<size_t>(p.total_q) * p.heads_q, kNegInf);
+  parallel_for(static_cast<int64_t>(p.batch) * p.heads_q, p.num_threads, [&](int64_t item, int) {
+    const int b = static_cast<int>(item / p.heads_q), h = static_cast<int>(item % p.heads_q);
+    const int hk = h / p.group_size();
+    const SequenceInfo seq = sequence_info(p, b);
+    const MaskPolicy mask = mask_for(p, seq);
+    const auto q = load_rows(p.q, p.dtype, p, b, seq.row_q, seq.seqlen_q, h, p.q_batch_stride,
+                             p.q_row_stride, p.q_head_stride);
+    const auto k = load_rows(p.k, p.dtype, p, b, seq.row_k, seq.seqlen_k, hk, p.k_batch_stride,
+                             p.k_row_stride, p.k_head_stride);
+    const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, seq.seqlen_k, hk, p.v_batch_stride,
+                             p.v_row_stride, p.v_head_stride);
+    std::vector<double> s(seq.seqlen_k), prob(seq.seqlen_k);
+    for (int i = 0; i < seq.seqlen_q; i += row_stride) {
+      const int64_t row = seq.row_q + i;
+      if (score_row(p, mask, round, &q[static_cast<size_t>(i) * d], k, i, s) == 0) continue;
+      r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, seq.seqlen_k, prob);
+      double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
+      for (int j = 0; j < seq.seqlen_k; ++j) {
+        const double pj = round(prob[j]);
+        if (pj == 0) continue;
+        for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
+      }
+      for (int c = 0; c < d; ++c) o[c] = round(o[c]);
+    }
+  });
+  return r;
+}
+
+BackwardResult backward(const AttentionParams& p, Precision precision) {
+  const Rounder round{p.dtype, precision == Precision::kFloat64};
+  const int d = p.head_dim;
+  BackwardResult r;
+  r.dq.assign(static_cast<size_t>(p.total_q) * p.heads_q * d, 0.0);
+  r.dk.assign(static_cast<size_t>(p.total_k) * p.heads_kv * d, 0.0);
+  r.dv.assign(static_cast<size_t>(p.total_k) * p.heads_kv * d, 0.0);
+  // One item per (sequence, kv head): the query heads of a group add into the
+  // same dk/dv rows, so they stay in one thread.
+  parallel_for(static_cast<int64_t>(p.batch) * p.heads_kv, p.num_threads, [&](int64_t item, int) {
+    const int b = static_cast<int>(item / p.heads_kv), hk = static_cast<int>(item % p.heads_kv);
+    const SequenceInfo seq = sequence_info(p, b);
+    const MaskPolicy mask = mask_for(p, seq);
+    const int sk = seq.seqlen_k;
+    const auto k = load_rows(p.k, p.dtype, p, b, seq.row_k, sk, hk, p.k_batch_stride,
+                             p.k_row_stride, p.k_head_stride);
+    const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, sk, hk, p.v_batch_stride,
+                             p.v_row_stride, p.v_head_stride);
+    std::vector<double> dk(static_cast<size_t>(sk) * d, 0.0), dv(static_cast<size_t>(sk) * d, 0.0);
+    std::vector<double> s(sk), prob(sk), dp(sk);
+    for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+      const auto q = load_rows(p.q, p.dtype, p, b, seq.row_q, seq.seqlen_q, h, p.q_batch_stride,
+                               p.q_row_stride, p.q_head_stride);
+      const auto dout = load_rows(p.dout, p.dtype, p, b, seq.row_q, seq.seqlen_q, h,
+                                  p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+      for (int i = 0; i < seq.seqlen_q; ++i) {
+        const double* qi = &q[static_cast<size_t>(i) * d];
+        const double* doi = &dout[static_cast<size_t>(i) * d];
+        if (score_row(p, mask, round, qi, k, i, s) == 0) continue;  // no key: zero gradients
+        softmax_row(s, sk, prob);
+        // dP = dO V^T ; D = rowsum(P * dP) (= rowsum(dO * O))
+        double row_d = 0;
+        for (int j = 0; j < sk; ++j) {
+          prob[j] = round(prob[j]);
+          dp[j] = prob[j] == 0 ? 0.0 : round(dot(doi, &v[static_cast<size_t>(j) * d], d));
+          row_d += prob[j] * dp[j];
+        }
+        double* dqi = &r.dq[(static_cast<size_t>(seq.row_q + i) * p.heads_q + h) * d];
+        for (int j = 0; j < sk; ++j) {
+          if (prob[j] == 0) continue;
+          // dS = P * (dP - D); through softcap: d/du [c tanh(u/c)] = 1 - (s/c)^2; then scale.
+          double ds = round(prob[j] * (dp[j] - row_d));
+          if (p.softcap > 0) {
+            const double t = s[j] / p.softcap;
+            ds = round(ds * (1.0 - t * t));
+          }
+          ds = round(ds * p.scale);
+          const double* kj = &k[static_cast<size_t>(j) * d];
+          for (int c = 0; c < d; ++c) {
+            dqi[c] += ds * kj[c];
+            dk[static_cast<size_t>(j) * d + c] += ds * qi[c];
+            dv[static_cast<size_t>(j) * d + c] += prob[j] * doi[c];
+          }
+        }
+        for (int c = 0; c < d; ++c) dqi[c] = round(dqi[c]);
+      }
+    }
+    for (int j = 0; j < sk; ++j) {
+      double* dkj = &r.dk[(static_cast<size_t>(seq.row_k + j) * p.heads_kv + hk) * d];
+      double* dvj = &r.dv[(static_cast<size_t>(seq.row_k + j) * p.heads_kv + hk) * d];
+      for (int c = 0; c < d; ++c) {
+        dkj[c] = round(dk[static_cast<size_t>(j) * d + c]);
+        dvj[c] = round(dv[static_cast<size_t>(j) * d + c]);
+      }
+    }
+  });
+  return r;
+}
+
+}  // namespace flashattn::reference

@@ -1,0 +1,42 @@
+// Naive attention that materializes S and P, forward and backward, with every
+// option of the API. It is what every backend is tested against.
+//
+// Inputs are read through AttentionParams (host pointers, any dtype, any
+// strides); results come back in a canonical layout:
+//   out, dq:  [total_q][heads_q][head_dim]      (row = cu_seqlens_q[b] + i, or b*seqlen_q + i)
+//   dk, dv:   [total_k][heads_kv][head_dim]
+//   lse:      [heads_q][total_q]                (-inf for a row that sees no key)
+#pragma once
+
+#include <vector>
+
+#include "core/params.h"
+
+namespace flashattn::reference {
+
+enum class Precision {
+  kFloat64,  // exact: every step in double
+  kInput,    // as naive attention in the input dtype would round: S, P, O (and
+             // dP, dS, dQ, dK, dV) rounded to the dtype after each matmul
+};
+
+struct ForwardResult {
+  std::vector<double> out;
+  std::vector<double> lse;
+};
+
+struct BackwardResult {
+  std::vector<double> dq;
+  std::vector<double> dk;
+  std::vector<double> dv;
+};
+
+// Only query rows with (row % row_stride == 0) are computed when row_stride > 1
+// (the others stay 0): for sub-sampled checks of large shapes.
+ForwardResult forward(const AttentionParams& p, Precision precision, int row_stride = 1);
+
+// Uses p.q, p.k, p.v, p.dout; recomputes the forward itself (p.out and p.lse
+// are not read).
+BackwardResult backward(const AttentionParams& p, Precision precision);
+
+}  // namespace flashattn::reference

@@ -1,0 +1,277 @@
+#include "common/harness.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <algorithm>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/validate.h"
+
+namespace flashattn::testing {
+namespace {
+
+// A tensor of `rows` rows (4-D (batch, seqlen, heads, dim) or 3-D (total, heads, dim)),
+// contiguous except for row_pad extra elements per row.
+HostTensor make_rows_tensor(const Case& c, fa_dtype dtype, int batch, int seqlen, int64_t total,
+                            int heads, int dim) {
+  HostTensor t;
+  const int64_t row_stride = static_cast<int64_t>(heads) * dim + c.row_pad;
+  t.desc.dtype = dtype;
+  t.desc.device = FA_DEVICE_CPU;
+  if (c.is_varlen()) {
+    t.desc.ndim = 3;
+    const int64_t shape[] = {total, heads, dim};
+    const int64_t strides[] = {row_stride, dim, 1};
+    std::memcpy(t.desc.shape, shape, sizeof shape);
+    std::memcpy(t.desc.strides, strides, sizeof strides);
+  } else {
+    t.desc.ndim = 4;
+    const int64_t shape[] = {batch, seqlen, heads, dim};
+    const int64_t strides[] = {seqlen * row_stride, row_stride, dim, 1};
+    std::memcpy(t.desc.shape, shape, sizeof shape);
+    std::memcpy(t.desc.strides, strides, sizeof strides);
+  }
+  t.bytes.assign(static_cast<size_t>(total * row_stride) * dtype_size(dtype), 0);
+  t.rebind();
+  return t;
+}
+
+void fill(HostTensor& t, std::mt19937_64& rng, double scale) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = static_cast<int64_t>(t.bytes.size() / dtype_size(t.desc.dtype));
+  for (int64_t i = 0; i < n; ++i) store_from_float(t.bytes.data(), i, t.desc.dtype, normal(rng) * scale);
+}
+
+void poison(HostTensor& t) {
+  const int64_t n = static_cast<int64_t>(t.bytes.size() / dtype_size(t.desc.dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    store_from_float(t.bytes.data(), i, t.desc.dtype, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+int64_t tensor_offset_of_row(const fa_tensor& d, int64_t row, int head) {
+  if (d.ndim == 3) return row * d.strides[0] + head * d.strides[1];
+  const int64_t b = row / d.shape[1], r = row % d.shape[1];
+  return b * d.strides[0] + r * d.strides[1] + head * d.strides[2];
+}
+
+Comparison finish(Comparison c, double atol) {
+  c.tolerance = 2.0 * c.baseline_error + atol;
+  c.ok = c.nan_count == 0 && c.max_error <= c.tolerance;
+  return c;
+}
+
+}  // namespace
+
+std::string Case::name() const {
+  std::ostringstream s;
+  s << fa_dtype_name(dtype) << "_b" << batch << "_sq" << seqlen_q << "_sk" << seqlen_k << "_h"
+    << heads_q << "x" << heads_kv << "_d" << head_dim;
+  if (causal) s << "_causal";
+  if (window_left >= 0 || window_right >= 0) s << "_win" << window_left << "_" << window_right;
+  if (softcap > 0) s << "_softcap" << softcap;
+  if (is_varlen()) s << "_varlen";
+  if (row_pad) s << "_pad" << row_pad;
+  s << "_s" << seed;
+  // Test names allow only letters, digits and '_'.
+  std::string name = s.str();
+  for (char& ch : name) {
+    if (ch == '-') ch = 'm';
+    if (ch == '.') ch = 'p';
+  }
+  return name;
+}
+
+double read_row_element(const HostTensor& t, int64_t row, int head, int col) {
+  return load_as_float(t.bytes.data(), tensor_offset_of_row(t.desc, row, head) + col, t.desc.dtype);
+}
+
+Problem make_problem(const Case& c_in) {
+  Problem p;
+  p.c = c_in;
+  Case& c = p.c;
+  if (c.is_varlen()) {
+    c.batch = static_cast<int>(c.varlen_q.size());
+    c.seqlen_q = c.varlen_q.empty() ? 0 : *std::max_element(c.varlen_q.begin(), c.varlen_q.end());
+    c.seqlen_k = c.varlen_k.empty() ? 0 : *std::max_element(c.varlen_k.begin(), c.varlen_k.end());
+    p.cu_seqlens_q.assign(1, 0);
+    p.cu_seqlens_k.assign(1, 0);
+    for (int n : c.varlen_q) p.cu_seqlens_q.push_back(p.cu_seqlens_q.back() + n);
+    for (int n : c.varlen_k) p.cu_seqlens_k.push_back(p.cu_seqlens_k.back() + n);
+  }
+  const int64_t total_q = c.is_varlen() ? p.cu_seqlens_q.back() : int64_t{c.batch} * c.seqlen_q;
+  const int64_t total_k = c.is_varlen() ? p.cu_seqlens_k.back() : int64_t{c.batch} * c.seqlen_k;
+  std::mt19937_64 rng(c.seed * 0x9e3779b97f4a7c15ull + 12345);
+  p.q = make_rows_tensor(c, c.dtype, c.batch, c.seqlen_q, total_q, c.heads_q, c.head_dim);
+  p.k = make_rows_tensor(c, c.dtype, c.batch, c.seqlen_k, total_k, c.heads_kv, c.head_dim);
+  p.v = make_rows_tensor(c, c.dtype, c.batch, c.seqlen_k, total_k, c.heads_kv, c.head_dim);
+  p.dout = make_rows_tensor(c, c.dtype, c.batch, c.seqlen_q, total_q, c.heads_q, c.head_dim);
+  fill(p.q, rng, 1.0);
+  fill(p.k, rng, 1.0);
+  fill(p.v, rng, 1.0);
+  fill(p.dout, rng, 1.0);
+  p.varlen.cu_seqlens_q = p.cu_seqlens_q.data();
+  p.varlen.cu_seqlens_k = p.cu_seqlens_k.data();
+  p.varlen.batch = c.batch;
+  p.varlen.max_seqlen_q = c.seqlen_q;
+  p.varlen.max_seqlen_k = c.seqlen_k;
+  p.options = fa_default_options();
+  p.options.softmax_scale = c.scale;
+  p.options.causal = c.causal;
+  p.options.window_left = c.window_left;
+  p.options.window_right = c.window_right;
+  p.options.softcap = c.softcap;
+  return p;
+}
+
+HostTensor Problem::poisoned_like_q() const {
+  HostTensor t = q;
+  t.rebind();
+  poison(t);
+  return t;
+}
+
+HostTensor Problem::poisoned_like_k() const {
+  HostTensor t = k;
+  t.rebind();
+  poison(t);
+  return t;
+}
+
+HostTensor Problem::poisoned_lse() const {
+  HostTensor t;
+  t.desc.dtype = FA_F32;
+  t.desc.device = FA_DEVICE_CPU;
+  if (c.is_varlen()) {
+    const int64_t total = cu_seqlens_q.back();
+    t.desc.ndim = 2;
+    t.desc.shape[0] = c.heads_q;
+    t.desc.shape[1] = total;
+    t.desc.strides[0] = total;
+    t.desc.strides[1] = 1;
+    t.bytes.resize(static_cast<size_t>(c.heads_q * total) * 4);
+  } else {
+    t.desc.ndim = 3;
+    t.desc.shape[0] = c.batch;
+    t.desc.shape[1] = c.heads_q;
+    t.desc.shape[2] = c.seqlen_q;
+    t.desc.strides[0] = int64_t{c.heads_q} * c.seqlen_q;
+    t.desc.strides[1] = c.seqlen_q;
+    t.desc.strides[2] = 1;
+    t.bytes.resize(static_cast<size_t>(int64_t{c.batch} * c.heads_q * c.seqlen_q) * 4);
+  }
+  t.rebind();
+  poison(t);
+  return t;
+}
+
+AttentionParams Problem::host_params() const {
+  // Built by the library's own validation, so the reference sees exactly the
+  // normalized options (default scale, causal as window) that backends see.
+  fa_options o = options;
+  o.backend = FA_BACKEND_CPU;
+  AttentionParams params;
+  if (make_shape_params(&q.desc, &k.desc, &v.desc, varlen_ptr(), &o, &params) != FA_OK) {
+    throw std::runtime_error(std::string("invalid test case: ") + last_error());
+  }
+  params.dout = dout.desc.data;  // laid out exactly like q
+  params.do_batch_stride = params.q_batch_stride;
+  params.do_row_stride = params.q_row_stride;
+  params.do_head_stride = params.q_head_stride;
+  return params;
+}
+
+Expected expected_forward(const Problem& p) {
+  const AttentionParams params = p.host_params();
+  Expected e;
+  e.exact = reference::forward(params, reference::Precision::kFloat64);
+  e.naive = reference::forward(params, reference::Precision::kInput);
+  return e;
+}
+
+Expected expected_all(const Problem& p) {
+  Expected e = expected_forward(p);
+  const AttentionParams params = p.host_params();
+  e.exact_grad = reference::backward(params, reference::Precision::kFloat64);
+  e.naive_grad = reference::backward(params, reference::Precision::kInput);
+  return e;
+}
+
+double default_atol(fa_dtype dtype) {
+  switch (dtype) {
+    case FA_BF16: return 1e-3;
+    case FA_F16: return 2e-4;
+    default: return 2e-5;
+  }
+}
+
+std::string Comparison::describe(const char* what) const {
+  std::ostringstream s;
+  s << what << ": max error " << max_error << " vs tolerance " << tolerance
+    << " (naive-in-dtype error " << baseline_error << ")";
+  if (nan_count) s << ", " << nan_count << " NaN";
+  return s.str();
+}
+
+Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
+                        const std::vector<double>& naive, double atol) {
+  const fa_tensor& d = got.desc;
+  const int heads = static_cast<int>(d.shape[d.ndim - 2]);
+  const int dim = static_cast<int>(d.shape[d.ndim - 1]);
+  const int64_t rows = d.ndim == 3 ? d.shape[0] : d.shape[0] * d.shape[1];
+  Comparison c;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      for (int col = 0; col < dim; ++col) {
+        const size_t i = (static_cast<size_t>(r) * heads + h) * dim + col;
+        const double g = read_row_element(got, r, h, col);
+        if (std::isnan(g)) {
+          ++c.nan_count;
+          continue;
+        }
+        c.max_error = std::max(c.max_error, std::abs(g - exact[i]));
+        c.baseline_error = std::max(c.baseline_error, std::abs(naive[i] - exact[i]));
+      }
+    }
+  }
+  return finish(c, atol);
+}
+
+Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,
+                       const std::vector<double>& naive, double atol) {
+  const fa_tensor& d = got.desc;
+  Comparison c;
+  const int heads = static_cast<int>(d.ndim == 2 ? d.shape[0] : d.shape[1]);
+  const int64_t total = static_cast<int64_t>(exact.size()) / std::max(heads, 1);
+  for (int h = 0; h < heads; ++h) {
+    for (int64_t row = 0; row < total; ++row) {
+      int64_t off;
+      if (d.ndim == 2) {
+        off = h * d.strides[0] + row * d.strides[1];
+      } else {
+        const int64_t b = row / d.shape[2], r = row % d.shape[2];
+        off = b * d.strides[0] + h * d.strides[1] + r * d.strides[2];
+      }
+      const double g = static_cast<const float*>(got.desc.data)[off];
+      const double e = exact[static_cast<size_t>(h) * total + row];
+      const double n = naive[static_cast<size_t>(h) * total + row];
+      if (std::isnan(g)) {
+        ++c.nan_count;
+      } else if (std::isinf(e) || std::isinf(g)) {
+        if (g != e) c.max_error = std::numeric_limits<double>::infinity();
+      } else {
+        c.max_error = std::max(c.max_error, std::abs(g - e));
+        c.baseline_error = std::max(c.baseline_error, std::abs(n - e));
+      }
+    }
+  }
+  return finish(c, atol);
+}
+
+}  // namespace flashattn::testing

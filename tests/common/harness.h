@@ -1,0 +1,106 @@
+// Test harness shared by the CPU and GPU suites: random inputs (never zeros),
+// poisoned outputs, the fp64 reference, and the tolerance rule
+//   error(backend vs fp64) <= 2 * error(naive attention in the input dtype vs fp64) + atol,
+// NaN never passing.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/params.h"
+#include "flashattn/flashattn.h"
+#include "reference/reference.h"
+
+namespace flashattn::testing {
+
+struct Case {
+  int batch = 1;
+  int seqlen_q = 1;
+  int seqlen_k = 1;
+  int heads_q = 1;
+  int heads_kv = 1;
+  int head_dim = 64;
+  fa_dtype dtype = FA_F32;
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  float softcap = 0.0f;
+  float scale = 0.0f;  // 0 = default 1/sqrt(d)
+  // Per-sequence lengths; non-empty means a variable-length batch (batch, seqlen_q/k
+  // are then derived from them).
+  std::vector<int> varlen_q;
+  std::vector<int> varlen_k;
+  // Extra elements at the end of each row of q/k/v/out (a multiple of 8 keeps
+  // 16-byte alignment): non-contiguous strides.
+  int row_pad = 0;
+  uint64_t seed = 1;
+
+  bool is_varlen() const { return !varlen_q.empty(); }
+  std::string name() const;
+};
+
+// gtest prints a Case by its name rather than its bytes.
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
+
+// Host memory in some dtype with its descriptor (desc.data points into bytes).
+struct HostTensor {
+  std::vector<uint8_t> bytes;
+  fa_tensor desc{};
+  void rebind() { desc.data = bytes.empty() ? nullptr : bytes.data(); }
+};
+
+struct Problem {
+  Case c;
+  HostTensor q, k, v, dout;
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
+  fa_varlen varlen{};
+  fa_options options{};
+
+  const fa_varlen* varlen_ptr() const { return c.is_varlen() ? &varlen : nullptr; }
+  // Params over the host tensors, for the reference.
+  AttentionParams host_params() const;
+  // Output tensors shaped like q / k, and the lse, poisoned with NaN.
+  HostTensor poisoned_like_q() const;
+  HostTensor poisoned_like_k() const;
+  HostTensor poisoned_lse() const;
+};
+
+// Random normal inputs for the case (fixed seed per case).
+Problem make_problem(const Case& c);
+
+// Reference results, computed once per problem.
+struct Expected {
+  reference::ForwardResult exact;  // fp64
+  reference::ForwardResult naive;  // naive attention rounded to the input dtype
+  reference::BackwardResult exact_grad;
+  reference::BackwardResult naive_grad;
+};
+Expected expected_forward(const Problem& p);
+Expected expected_all(const Problem& p);
+
+struct Comparison {
+  double max_error = 0;       // backend vs fp64
+  double baseline_error = 0;  // naive-in-dtype vs fp64
+  double tolerance = 0;
+  int64_t nan_count = 0;
+  bool ok = false;
+  std::string describe(const char* what) const;
+};
+
+// Absolute tolerance added to 2x the naive error, per dtype.
+double default_atol(fa_dtype dtype);
+
+// Compares a tensor laid out like q (or k) in `dtype` against canonical
+// [rows][heads][dim] reference values.
+Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
+                        const std::vector<double>& naive, double atol);
+// Compares an lse tensor against canonical [heads][total_q] values; -inf must match exactly.
+Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,
+                       const std::vector<double>& naive, double atol);
+
+// Reads element (row, head, col) of a q-like / k-like tensor as double.
+double read_row_element(const HostTensor& t, int64_t row, int head, int col);
+
+}  // namespace flashattn::testing

@@ -1,0 +1,106 @@
+// The shapes and options every backend is run over (the CPU suite and the GPU
+// suites share them), so that "correct on every shape" means the same thing.
+#pragma once
+
+#include <vector>
+
+#include "common/harness.h"
+
+namespace flashattn::testing {
+
+// Head dims every backend claims (the CPU backend takes any multiple of 8).
+inline const std::vector<int>& suite_head_dims() {
+  static const std::vector<int> dims = {8, 40, 64, 72, 80, 96, 128, 160, 192, 256};
+  return dims;
+}
+
+inline Case make_case(fa_dtype dtype, int sq, int sk, int d, uint64_t seed) {
+  Case c;
+  c.dtype = dtype;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  c.head_dim = d;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.seed = seed;
+  return c;
+}
+
+// Forward and backward suites. `head_dims` restricts head dims (GPU kernels
+// that do not take 8); `large` adds the 1023-long sequences.
+inline std::vector<Case> attention_suite(const std::vector<fa_dtype>& dtypes,
+                                         const std::vector<int>& head_dims, bool large) {
+  std::vector<Case> cases;
+  uint64_t seed = 1;
+  for (fa_dtype dt : dtypes) {
+    // Sequence lengths, square and not, at head dim 64.
+    std::vector<std::pair<int, int>> lengths = {{1, 1},     {7, 7},   {113, 113}, {203, 203},
+                                                {113, 203}, {1, 239}, {239, 1}};
+    if (large) lengths.push_back({1023, 1023});
+    for (auto [sq, sk] : lengths) {
+      for (bool causal : {false, true}) {
+        Case c = make_case(dt, sq, sk, 64, seed++);
+        c.causal = causal;
+        cases.push_back(c);
+      }
+    }
+    // Every head dim.
+    for (int d : head_dims) {
+      Case c = make_case(dt, 113, 203, d, seed++);
+      cases.push_back(c);
+      c.causal = true;
+      c.seqlen_q = 203;
+      c.seqlen_k = 113;  // more queries than keys: leading rows fully masked
+      cases.push_back(c);
+    }
+    // Options.
+    const int d = 64;
+    for (auto [left, right] : std::vector<std::pair<int, int>>{{32, 0}, {16, 16}, {-1, 8}, {50, -1}, {0, 0}}) {
+      Case c = make_case(dt, 203, 113, d, seed++);
+      c.window_left = left;
+      c.window_right = right;
+      cases.push_back(c);
+      std::swap(c.seqlen_q, c.seqlen_k);
+      cases.push_back(c);
+    }
+    {
+      Case c = make_case(dt, 113, 203, d, seed++);
+      c.softcap = 5.0f;
+      cases.push_back(c);
+      c.causal = true;
+      c.scale = 0.3f;
+      cases.push_back(c);
+    }
+    for (auto [hq, hkv] : std::vector<std::pair<int, int>>{{4, 2}, {8, 1}}) {
+      Case c = make_case(dt, 113, 203, d, seed++);
+      c.heads_q = hq;
+      c.heads_kv = hkv;
+      cases.push_back(c);
+      c.causal = true;
+      cases.push_back(c);
+    }
+    {
+      Case c = make_case(dt, 0, 0, d, seed++);
+      c.varlen_q = {7, 0, 113, 64, 1};
+      c.varlen_k = {9, 5, 203, 0, 1};
+      cases.push_back(c);
+      c.causal = true;
+      c.heads_q = 4;
+      cases.push_back(c);
+      c.causal = false;
+      c.window_left = 20;
+      c.window_right = 3;
+      cases.push_back(c);
+    }
+    {
+      Case c = make_case(dt, 113, 203, 128, seed++);
+      c.batch = 3;
+      c.row_pad = 8;  // non-contiguous rows
+      c.causal = true;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+}  // namespace flashattn::testing

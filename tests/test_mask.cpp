@@ -1,0 +1,54 @@
+#include <gtest/gtest.h>
+
+#include "core/mask.h"
+
+namespace flashattn {
+namespace {
+
+// Brute force over every (window, sizes) the ranges and tile predicates must agree
+// with visible().
+TEST(MaskPolicy, RangesAgreeWithVisibility) {
+  for (int sq : {1, 5, 9}) {
+    for (int sk : {1, 4, 11}) {
+      for (int left : {-1, 0, 2}) {
+        for (int right : {-1, 0, 3}) {
+          const MaskPolicy m{sq, sk, left, right};
+          for (int i = 0; i < sq; ++i) {
+            for (int j = 0; j < sk; ++j) {
+              if (m.visible(i, j)) {
+                EXPECT_GE(j, m.key_begin(i));
+                EXPECT_LT(j, m.key_end(i + 1));
+                EXPECT_GE(i, m.query_begin(j));
+                EXPECT_LT(i, m.query_end(j + 1));
+              }
+            }
+          }
+          for (int r0 = 0; r0 < sq; ++r0)
+            for (int r1 = r0 + 1; r1 <= sq; ++r1)
+              for (int c0 = 0; c0 < sk; ++c0)
+                for (int c1 = c0 + 1; c1 <= sk; ++c1) {
+                  bool all = true;
+                  for (int i = r0; i < r1; ++i)
+                    for (int j = c0; j < c1; ++j) all = all && m.visible(i, j);
+                  EXPECT_EQ(m.tile_fully_visible(r0, r1, c0, c1), all);
+                }
+        }
+      }
+    }
+  }
+}
+
+TEST(MaskPolicy, CausalIsBottomRightAligned) {
+  const MaskPolicy m{2, 5, -1, 0};  // flash-attn >= 2.1: last query row sees every key
+  EXPECT_TRUE(m.visible(1, 4));
+  EXPECT_TRUE(m.visible(0, 3));
+  EXPECT_FALSE(m.visible(0, 4));
+  const MaskPolicy wide{5, 2, -1, 0};  // more queries than keys: first rows see nothing
+  EXPECT_FALSE(wide.visible(0, 0));
+  EXPECT_FALSE(wide.visible(2, 0));
+  EXPECT_TRUE(wide.visible(3, 0));
+  EXPECT_TRUE(wide.visible(4, 1));
+}
+
+}  // namespace
+}  // namespace flashattn
