@@ -126,14 +126,6 @@ fa_status check_backward(const AttentionParams& p) {
   return FA_OK;
 }
 
-fa_status forward(const AttentionParams&) {
-  return fail(FA_ERROR_UNSUPPORTED, "the CUDA forward kernel is not implemented yet");
-}
-
-fa_status backward(const AttentionParams&) {
-  return fail(FA_ERROR_UNSUPPORTED, "the CUDA backward kernel is not implemented yet");
-}
-
-size_t backward_workspace_size(const AttentionParams&) { return 0; }
+// forward() lives in sm80/fwd, backward() and backward_workspace_size() in sm80/bwd.
 
 }  // namespace flashattn::cuda

@@ -1,0 +1,10 @@
+# GPU suites: every tests/gpu/test_*.cpp is its own executable, labelled `gpu`.
+# They list fine without a GPU and skip cleanly at run time when none is visible.
+file(GLOB FLASHATTN_GPU_TESTS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/test_*.cpp)
+foreach(src ${FLASHATTN_GPU_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${src})
+  target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+  target_link_libraries(${name} PRIVATE flashattn_testing CUDA::cudart GTest::gtest_main)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS gpu TIMEOUT 900)
+endforeach()
