@@ -72,6 +72,14 @@ double softmax_row(const std::vector<double>& s, int n, std::vector<double>& pro
 
 }  // namespace
 
+double default_atol(fa_dtype dtype) {
+  switch (dtype) {
+    case FA_BF16: return 1e-3;
+    case FA_F16: return 2e-4;
+    default: return 2e-5;
+  }
+}
+
 ForwardResult forward(const AttentionParams& p, Precision precision, int row_stride) {
   const Rounder round{p.dtype, precision == Precision::kFloat64};
   const int d = p.head_dim;

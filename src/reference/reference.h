@@ -35,6 +35,13 @@ struct BackwardResult {
 // (the others stay 0): for sub-sampled checks of large shapes.
 ForwardResult forward(const AttentionParams& p, Precision precision, int row_stride = 1);
 
+// The tolerance rule every check uses: a backend's max error versus fp64 may be
+// at most 2x the error of naive attention in the input dtype, plus this atol.
+double default_atol(fa_dtype dtype);
+inline double tolerance(fa_dtype dtype, double naive_error) {
+  return 2.0 * naive_error + default_atol(dtype);
+}
+
 // Uses p.q, p.k, p.v, p.dout; recomputes the forward itself (p.out and p.lse
 // are not read).
 BackwardResult backward(const AttentionParams& p, Precision precision);

@@ -62,7 +62,7 @@ int64_t tensor_offset_of_row(const fa_tensor& d, int64_t row, int head) {
 }
 
 Comparison finish(Comparison c, double atol) {
-  c.tolerance = 2.0 * c.baseline_error + atol;
+  c.tolerance = 2.0 * c.baseline_error + atol;  // reference::tolerance with a chosen atol
   c.ok = c.nan_count == 0 && c.max_error <= c.tolerance;
   return c;
 }
@@ -203,13 +203,7 @@ Expected expected_all(const Problem& p) {
   return e;
 }
 
-double default_atol(fa_dtype dtype) {
-  switch (dtype) {
-    case FA_BF16: return 1e-3;
-    case FA_F16: return 2e-4;
-    default: return 2e-5;
-  }
-}
+double default_atol(fa_dtype dtype) { return reference::default_atol(dtype); }
 
 std::string Comparison::describe(const char* what) const {
   std::ostringstream s;
