@@ -1,0 +1,702 @@
+"""Low-level binding of the flashattn C ABI (include/flashattn/flashattn.h) with ctypes.
+
+Functions here take any tensor that describes its memory: PyTorch tensors (CPU
+or CUDA; read directly through data_ptr()/stride()/dtype/device, torch itself
+is never imported by this module), NumPy arrays and anything else exposing
+``__array_interface__`` (host memory), and objects speaking DLPack
+(``__dlpack__``). Outputs are written in place; nothing is allocated here
+except what the library allocates itself.
+
+Library lookup order: the ``FLASHATTN_LIBRARY`` environment variable (a path
+to libflashattn.so), the copy installed inside this package (``lib/``), then
+the system loader's search path.
+
+Errors from the library raise :class:`FlashAttnError` subclasses carrying the
+library's message (``fa_last_error()``): :class:`InvalidArgumentError` is a
+``ValueError``, :class:`UnsupportedError` a ``NotImplementedError``, the others
+are ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import threading
+from typing import Any, Optional, Sequence, Tuple
+
+__all__ = [
+    "FA_MAX_DIMS",
+    "FaTensor",
+    "FaVarlen",
+    "FaOptions",
+    "FlashAttnError",
+    "InvalidArgumentError",
+    "UnsupportedError",
+    "BackendUnavailableError",
+    "DeviceError",
+    "OutOfMemoryError",
+    "InternalError",
+    "library",
+    "library_path",
+    "version",
+    "backend_available",
+    "backend_unavailable_reason",
+    "forward",
+    "backward",
+    "forward_workspace_size",
+    "backward_workspace_size",
+]
+
+FA_MAX_DIMS = 4
+
+# fa_status
+FA_OK = 0
+FA_ERROR_INVALID_ARGUMENT = 1
+FA_ERROR_UNSUPPORTED = 2
+FA_ERROR_BACKEND_UNAVAILABLE = 3
+FA_ERROR_DEVICE = 4
+FA_ERROR_OUT_OF_MEMORY = 5
+FA_ERROR_INTERNAL = 6
+
+# fa_dtype
+FA_F32 = 0
+FA_F16 = 1
+FA_BF16 = 2
+
+# fa_device_type
+FA_DEVICE_CPU = 0
+FA_DEVICE_CUDA = 1
+
+# fa_backend
+FA_BACKEND_AUTO = 0
+FA_BACKEND_CPU = 1
+FA_BACKEND_CUDA = 2
+
+_BACKENDS = {None: FA_BACKEND_AUTO, "auto": FA_BACKEND_AUTO, "cpu": FA_BACKEND_CPU,
+             "cuda": FA_BACKEND_CUDA}
+
+_DTYPE_NAMES = {FA_F32: "float32", FA_F16: "float16", FA_BF16: "bfloat16"}
+
+
+# ----------------------------------------------------------------------------
+# Exceptions
+
+
+class FlashAttnError(Exception):
+    """An error reported by the flashattn library. ``status`` is the fa_status code."""
+
+    status: int = FA_ERROR_INTERNAL
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgumentError(FlashAttnError, ValueError):
+    status = FA_ERROR_INVALID_ARGUMENT
+
+
+class UnsupportedError(FlashAttnError, NotImplementedError):
+    status = FA_ERROR_UNSUPPORTED
+
+
+class BackendUnavailableError(FlashAttnError, RuntimeError):
+    status = FA_ERROR_BACKEND_UNAVAILABLE
+
+
+class DeviceError(FlashAttnError, RuntimeError):
+    status = FA_ERROR_DEVICE
+
+
+class OutOfMemoryError(FlashAttnError, RuntimeError):
+    status = FA_ERROR_OUT_OF_MEMORY
+
+
+class InternalError(FlashAttnError, RuntimeError):
+    status = FA_ERROR_INTERNAL
+
+
+_STATUS_EXCEPTIONS = {
+    FA_ERROR_INVALID_ARGUMENT: InvalidArgumentError,
+    FA_ERROR_UNSUPPORTED: UnsupportedError,
+    FA_ERROR_BACKEND_UNAVAILABLE: BackendUnavailableError,
+    FA_ERROR_DEVICE: DeviceError,
+    FA_ERROR_OUT_OF_MEMORY: OutOfMemoryError,
+    FA_ERROR_INTERNAL: InternalError,
+}
+
+
+# ----------------------------------------------------------------------------
+# ABI structs (must match include/flashattn/flashattn.h field for field)
+
+
+class FaTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("device_index", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * FA_MAX_DIMS),
+        ("strides", ctypes.c_int64 * FA_MAX_DIMS),
+    ]
+
+
+class FaVarlen(ctypes.Structure):
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("batch", ctypes.c_int32),
+        ("max_seqlen_q", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int32),
+    ]
+
+
+class FaOptions(ctypes.Structure):
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("deterministic", ctypes.c_int32),
+        ("backend", ctypes.c_int),
+        ("stream", ctypes.c_void_p),
+        ("num_threads", ctypes.c_int32),
+        ("reserved", ctypes.c_int32 * 7),
+    ]
+
+
+_P = ctypes.POINTER
+_SIGNATURES = {
+    "fa_default_options": (FaOptions, []),
+    "fa_last_error": (ctypes.c_char_p, []),
+    "fa_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "fa_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "fa_version": (ctypes.c_char_p, []),
+    "fa_backend_available": (ctypes.c_int, [ctypes.c_int]),
+    "fa_backend_unavailable_reason": (ctypes.c_char_p, [ctypes.c_int]),
+    "fa_forward": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                  _P(FaTensor), _P(FaVarlen), _P(FaOptions)]),
+    "fa_forward_workspace_size": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                                 _P(FaVarlen), _P(FaOptions),
+                                                 _P(ctypes.c_size_t)]),
+    "fa_backward_workspace_size": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                                  _P(FaVarlen), _P(FaOptions),
+                                                  _P(ctypes.c_size_t)]),
+    "fa_backward": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                   _P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                   _P(FaTensor), _P(FaVarlen), _P(FaOptions), ctypes.c_void_p,
+                                   ctypes.c_size_t]),
+}
+
+
+# ----------------------------------------------------------------------------
+# Library loading
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_lib_lock = threading.Lock()
+
+
+def _candidate_paths():
+    env = os.environ.get("FLASHATTN_LIBRARY")
+    if env:
+        # An explicit choice: no fallback, so a typo is not hidden by another copy.
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(here, d, "libflashattn.so") for d in ("lib", "lib64")]
+    found = ctypes.util.find_library("flashattn")
+    if found:
+        paths.append(found)
+    return paths, False
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libflashattn (loaded on first use)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        paths, explicit = _candidate_paths()
+        errors = []
+        for path in paths:
+            if not explicit and os.path.sep in path and not os.path.exists(path):
+                errors.append(f"{path}: not found")
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+            _lib, _lib_path = lib, path
+            return lib
+        hint = ("FLASHATTN_LIBRARY is set but the library could not be loaded"
+                if explicit else
+                "install the package with `pip install .` from the flashattn repository, or set "
+                "FLASHATTN_LIBRARY=/path/to/libflashattn.so")
+        raise OSError("cannot load libflashattn: " + "; ".join(errors) + ". " + hint)
+
+
+def library_path() -> str:
+    library()
+    assert _lib_path is not None
+    return _lib_path
+
+
+def version() -> str:
+    return library().fa_version().decode()
+
+
+def _backend_code(backend) -> int:
+    if isinstance(backend, int) and not isinstance(backend, bool):
+        if backend not in (FA_BACKEND_AUTO, FA_BACKEND_CPU, FA_BACKEND_CUDA):
+            raise ValueError(f"unknown backend code {backend}")
+        return backend
+    key = backend.lower() if isinstance(backend, str) else backend
+    if key not in _BACKENDS:
+        raise ValueError(f"backend must be None, 'auto', 'cpu' or 'cuda', got {backend!r}")
+    return _BACKENDS[key]
+
+
+def backend_available(backend="cuda") -> bool:
+    """True if the backend was compiled in and can run here (CUDA: a device is visible)."""
+    return bool(library().fa_backend_available(_backend_code(backend)))
+
+
+def backend_unavailable_reason(backend="cuda") -> str:
+    """Why a backend cannot run here, or '' if it can."""
+    return library().fa_backend_unavailable_reason(_backend_code(backend)).decode()
+
+
+def _check(status: int) -> None:
+    if status == FA_OK:
+        return
+    lib = library()
+    message = lib.fa_last_error().decode(errors="replace")
+    if not message:
+        message = lib.fa_status_string(status).decode()
+    raise _STATUS_EXCEPTIONS.get(status, InternalError)(message, status)
+
+
+# ----------------------------------------------------------------------------
+# Tensor descriptions
+
+
+class _Desc:
+    """What the library needs to know about one array, plus whatever keeps it alive."""
+
+    __slots__ = ("ptr", "dtype", "device", "device_index", "shape", "strides", "itemsize",
+                 "readonly", "keepalive", "kind")
+
+    def __init__(self, ptr, dtype, device, device_index, shape, strides, itemsize, readonly,
+                 keepalive, kind):
+        self.ptr = ptr
+        self.dtype = dtype          # fa_dtype code, or a string naming an integer type
+        self.device = device        # FA_DEVICE_*
+        self.device_index = device_index
+        self.shape = tuple(shape)
+        self.strides = tuple(strides)  # elements
+        self.itemsize = itemsize
+        self.readonly = readonly
+        self.keepalive = keepalive
+        self.kind = kind            # "torch", "numpy", "dlpack"
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+
+def _torch_module():
+    return sys.modules.get("torch")
+
+
+def _is_torch_tensor(x) -> bool:
+    torch = _torch_module()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _describe_torch(x, name: str) -> _Desc:
+    torch = _torch_module()
+    dt = x.dtype
+    if dt == torch.float32:
+        code = FA_F32
+    elif dt == torch.float16:
+        code = FA_F16
+    elif dt == torch.bfloat16:
+        code = FA_BF16
+    elif dt == torch.int32:
+        code = "int32"
+    elif dt == torch.uint8:
+        code = "uint8"
+    else:
+        code = str(dt).replace("torch.", "")
+    dev = x.device
+    if dev.type == "cpu":
+        device, index = FA_DEVICE_CPU, 0
+    elif dev.type == "cuda":
+        device, index = FA_DEVICE_CUDA, (dev.index if dev.index is not None else 0)
+    else:
+        raise ValueError(f"{name} is on device {dev}; flashattn takes cpu and cuda tensors")
+    if x.layout != torch.strided:
+        raise ValueError(f"{name} must be a strided (dense) tensor, got layout {x.layout}")
+    return _Desc(x.data_ptr(), code, device, index, x.shape, x.stride(), x.element_size(),
+                 False, x, "torch")
+
+
+_NUMPY_TYPESTR = {"f4": FA_F32, "f2": FA_F16, "i4": "int32", "u1": "uint8"}
+
+
+def _describe_array_interface(x, name: str) -> _Desc:
+    ai = x.__array_interface__
+    typestr = ai["typestr"]
+    byteorder, kind_size = typestr[0], typestr[1:]
+    if byteorder == ">" and kind_size[1:] != "1":
+        raise ValueError(f"{name} is big-endian; flashattn takes native (little-endian) arrays")
+    itemsize = int(kind_size[1:])
+    code = _NUMPY_TYPESTR.get(kind_size, "numpy typestr " + typestr)
+    ptr, readonly = ai["data"]
+    shape = tuple(int(s) for s in ai["shape"])
+    byte_strides = ai.get("strides")
+    if byte_strides is None:  # C-contiguous
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= s
+        strides = tuple(reversed(strides))
+    else:
+        strides = []
+        for bs in byte_strides:
+            if bs % itemsize:
+                raise ValueError(f"{name} has a stride of {bs} bytes, not a multiple of its "
+                                 f"{itemsize}-byte elements")
+            strides.append(bs // itemsize)
+        strides = tuple(strides)
+    if ai.get("mask") is not None:
+        raise ValueError(f"{name} is a masked array; pass plain data")
+    offset = ai.get("offset", 0) or 0
+    return _Desc((ptr or 0) + offset, code, FA_DEVICE_CPU, 0, shape, strides, itemsize,
+                 bool(readonly), x, "numpy")
+
+
+# DLPack (v0.x ABI: the capsule holds a DLManagedTensor).
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_kDLCPU, _kDLCUDA, _kDLCUDAHost, _kDLCUDAManaged = 1, 2, 3, 13
+_kDLInt, _kDLUInt, _kDLFloat, _kDLBfloat = 0, 1, 2, 4
+
+_PyCapsule_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
+_PyCapsule_GetPointer.restype = ctypes.c_void_p
+_PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _describe_dlpack(x, name: str, stream) -> _Desc:
+    # The capsule is borrowed, not consumed: it stays named "dltensor", so the
+    # producer's deleter runs when the capsule is collected after the call.
+    try:
+        capsule = x.__dlpack__(stream=stream) if stream is not None else x.__dlpack__()
+    except TypeError:
+        capsule = x.__dlpack__()
+    ptr = _PyCapsule_GetPointer(capsule, b"dltensor")
+    t = _DLTensor.from_address(ptr)  # DLManagedTensor starts with its DLTensor
+    ndim = t.ndim
+    shape = tuple(t.shape[i] for i in range(ndim))
+    code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+    if lanes != 1:
+        raise ValueError(f"{name} has vector dtype lanes={lanes}")
+    dtype = {(_kDLFloat, 32): FA_F32, (_kDLFloat, 16): FA_F16, (_kDLBfloat, 16): FA_BF16,
+             (_kDLInt, 32): "int32", (_kDLUInt, 8): "uint8"}.get(
+                 (code, bits), f"DLPack dtype code {code} bits {bits}")
+    if t.strides:
+        strides = tuple(t.strides[i] for i in range(ndim))
+    else:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= s
+        strides = tuple(reversed(strides))
+    dt = t.device.device_type
+    if dt in (_kDLCPU, _kDLCUDAHost):
+        device, index = FA_DEVICE_CPU, 0
+    elif dt in (_kDLCUDA, _kDLCUDAManaged):
+        device, index = FA_DEVICE_CUDA, t.device.device_id
+    else:
+        raise ValueError(f"{name} is on DLPack device type {dt}; flashattn takes CPU and CUDA")
+    data = (t.data or 0) + t.byte_offset
+    return _Desc(data, dtype, device, index, shape, strides, max(bits // 8, 1), False,
+                 (x, capsule), "dlpack")
+
+
+def _describe(x, name: str, stream=None) -> _Desc:
+    if x is None:
+        raise ValueError(f"{name} is None")
+    if _is_torch_tensor(x):
+        return _describe_torch(x, name)
+    if hasattr(x, "__array_interface__"):
+        return _describe_array_interface(x, name)
+    if hasattr(x, "__dlpack__"):
+        return _describe_dlpack(x, name, stream)
+    raise TypeError(f"{name} must be a torch.Tensor, a NumPy array (or other object with "
+                    f"__array_interface__) or a DLPack tensor, got {type(x).__name__}")
+
+
+def _fa_tensor(d: _Desc, name: str, *, output: bool = False) -> FaTensor:
+    if not isinstance(d.dtype, int):
+        raise TypeError(f"{name} has dtype {d.dtype}; flashattn takes float32, float16 and "
+                        f"bfloat16 (bfloat16 only from torch or DLPack)")
+    if len(d.shape) > FA_MAX_DIMS:
+        raise ValueError(f"{name} has {len(d.shape)} dimensions, at most {FA_MAX_DIMS} allowed")
+    if output and d.readonly:
+        raise ValueError(f"{name} is read-only but is written as an output")
+    t = FaTensor()
+    t.data = d.ptr or None
+    t.dtype = d.dtype
+    t.device = d.device
+    t.device_index = d.device_index
+    t.ndim = len(d.shape)
+    for i, (s, st) in enumerate(zip(d.shape, d.strides)):
+        t.shape[i] = s
+        t.strides[i] = st
+    return t
+
+
+def _cu_seqlens_ptr(x, name: str, q: _Desc, stream) -> Tuple[int, int, Any]:
+    d = _describe(x, name, stream)
+    if d.dtype != "int32":
+        raise TypeError(f"{name} must be int32, got {d.dtype if isinstance(d.dtype, str) else _DTYPE_NAMES[d.dtype]}")
+    if len(d.shape) != 1:
+        raise ValueError(f"{name} must be 1-dimensional (batch + 1,), got shape {d.shape}")
+    if d.shape[0] > 1 and d.strides[0] != 1:
+        raise ValueError(f"{name} must be contiguous")
+    if d.shape[0] < 1:
+        raise ValueError(f"{name} must have batch + 1 >= 1 entries")
+    if d.device != q.device or (d.device == FA_DEVICE_CUDA and d.device_index != q.device_index):
+        where = "cpu" if d.device == FA_DEVICE_CPU else f"cuda:{d.device_index}"
+        qwhere = "cpu" if q.device == FA_DEVICE_CPU else f"cuda:{q.device_index}"
+        raise ValueError(f"{name} is on {where} but q is on {qwhere}; cu_seqlens must live with q")
+    return d.ptr, d.shape[0] - 1, d
+
+
+def _resolve_stream(stream, q: _Desc):
+    """The cudaStream_t to pass as an integer (or None = the default stream)."""
+    if q.device != FA_DEVICE_CUDA:
+        return None
+    if stream is None:
+        if q.kind == "torch":
+            torch = _torch_module()
+            return torch.cuda.current_stream(q.keepalive.device).cuda_stream or None
+        return None
+    if isinstance(stream, int):
+        return stream or None
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream, cupy Stream (.ptr)
+    if handle is None:
+        handle = getattr(stream, "ptr", None)
+    if handle is None:
+        raise TypeError("stream must be an int (cudaStream_t), or have .cuda_stream or .ptr")
+    return int(handle) or None
+
+
+def _options(*, softmax_scale, causal, window_size, softcap, deterministic, backend, stream,
+             num_threads) -> FaOptions:
+    o = library().fa_default_options()
+    if softmax_scale is not None:
+        scale = float(softmax_scale)
+        if not scale > 0:
+            # 0 means "default" to the C ABI; refuse it rather than silently change it.
+            raise ValueError(f"softmax_scale must be > 0 (or None for 1/sqrt(head_dim)), "
+                             f"got {softmax_scale}")
+        o.softmax_scale = scale
+    o.causal = 1 if causal else 0
+    if window_size is None:
+        window_size = (-1, -1)
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    o.window_left = int(left)
+    o.window_right = int(right)
+    o.softcap = float(softcap or 0.0)
+    o.deterministic = 1 if deterministic else 0
+    o.backend = _backend_code(backend)
+    o.stream = stream
+    o.num_threads = int(num_threads)
+    return o
+
+
+class _Call:
+    """Everything one library call needs, built from Python arguments."""
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 softmax_scale, causal, window_size, softcap, deterministic, backend, stream,
+                 num_threads):
+        self.keep = []
+        self.qd = _describe(q, "q")
+        self.stream = _resolve_stream(stream, self.qd)
+        self.q = self.tensor(q, "q", desc=self.qd)
+        self.k = self.tensor(k, "k")
+        self.v = self.tensor(v, "v")
+        if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+        self.varlen = None
+        if cu_seqlens_q is not None:
+            pq, bq, dq = _cu_seqlens_ptr(cu_seqlens_q, "cu_seqlens_q", self.qd, self.stream)
+            pk, bk, dk = _cu_seqlens_ptr(cu_seqlens_k, "cu_seqlens_k", self.qd, self.stream)
+            if bq != bk:
+                raise ValueError(f"cu_seqlens_q has {bq + 1} entries but cu_seqlens_k has "
+                                 f"{bk + 1}; both must have batch + 1")
+            self.keep += [dq, dk]
+            vl = FaVarlen()
+            vl.cu_seqlens_q = pq or None
+            vl.cu_seqlens_k = pk or None
+            vl.batch = bq
+            vl.max_seqlen_q = int(max_seqlen_q)
+            vl.max_seqlen_k = int(max_seqlen_k)
+            self.varlen = vl
+        self.options = _options(softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size, softcap=softcap,
+                                deterministic=deterministic, backend=backend,
+                                stream=self.stream, num_threads=num_threads)
+
+    def tensor(self, x, name, *, output=False, desc=None):
+        d = desc if desc is not None else _describe(x, name, self.stream)
+        self.keep.append(d)
+        return _fa_tensor(d, name, output=output)
+
+    @property
+    def varlen_ptr(self):
+        return ctypes.byref(self.varlen) if self.varlen is not None else None
+
+
+def _common_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                   causal, window_size, softcap, deterministic, backend, stream, num_threads):
+    return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                window_size=window_size, softcap=softcap, deterministic=deterministic,
+                backend=backend, stream=stream, num_threads=num_threads)
+
+
+def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+            max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+            backend=None, stream=None, deterministic=False, num_threads=0) -> None:
+    """out = softmax(scale * q k^T + mask) v, written into ``out``; logsumexp into ``lse``.
+
+    q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
+    q, lse f32 (batch, heads_q, seqlen_q) or None. With cu_seqlens_q/k (int32, batch+1, on q's
+    device) the batch dimension is dropped: q (total_q, heads_q, head_dim), lse (heads_q,
+    total_q). ``stream``: a cudaStream_t (int) or stream object; by default the current torch
+    stream for torch CUDA tensors, else the default stream.
+    """
+    c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_size, softcap, deterministic, backend, stream, num_threads)
+    o = c.tensor(out, "out", output=True)
+    lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
+    status = library().fa_forward(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
+                                  ctypes.byref(o),
+                                  ctypes.byref(lse_t) if lse_t is not None else None,
+                                  c.varlen_ptr, ctypes.byref(c.options))
+    _check(status)
+
+
+def _workspace_size(fn_name, q, k, v, kwargs) -> int:
+    c = _Call(q, k, v, **kwargs)
+    nbytes = ctypes.c_size_t(0)
+    status = getattr(library(), fn_name)(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
+                                         c.varlen_ptr, ctypes.byref(c.options),
+                                         ctypes.byref(nbytes))
+    _check(status)
+    return int(nbytes.value)
+
+
+def forward_workspace_size(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                           max_seqlen_k=0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, backend=None, stream=None,
+                           deterministic=False, num_threads=0) -> int:
+    """Bytes of scratch memory forward() uses beyond its inputs and outputs."""
+    return _workspace_size("fa_forward_workspace_size", q, k, v, _common_kwargs(
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        window_size, softcap, deterministic, backend, stream, num_threads))
+
+
+def backward_workspace_size(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                            max_seqlen_k=0, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, backend=None, stream=None,
+                            deterministic=False, num_threads=0) -> int:
+    """Bytes of scratch memory backward() needs, on the tensors' device."""
+    return _workspace_size("fa_backward_workspace_size", q, k, v, _common_kwargs(
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        window_size, softcap, deterministic, backend, stream, num_threads))
+
+
+def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
+             window_size=(-1, -1), softcap=0.0, deterministic=False, workspace=None,
+             backend=None, stream=None, num_threads=0) -> None:
+    """Gradients dq, dk, dv (written in place) from dout and the forward's out and lse.
+
+    ``workspace``: None (the library allocates) or a contiguous buffer on the tensors' device of
+    at least backward_workspace_size() bytes (e.g. torch.empty(n, dtype=torch.uint8)).
+    """
+    c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_size, softcap, deterministic, backend, stream, num_threads)
+    o = c.tensor(out, "out")
+    do = c.tensor(dout, "dout")
+    ls = c.tensor(lse, "lse")
+    gq = c.tensor(dq, "dq", output=True)
+    gk = c.tensor(dk, "dk", output=True)
+    gv = c.tensor(dv, "dv", output=True)
+    ws_ptr, ws_bytes = None, 0
+    if workspace is not None:
+        wd = _describe(workspace, "workspace", c.stream)
+        c.keep.append(wd)
+        if not wd.is_contiguous():
+            raise ValueError("workspace must be contiguous")
+        if wd.readonly:
+            raise ValueError("workspace is read-only")
+        if wd.device != c.qd.device or (wd.device == FA_DEVICE_CUDA
+                                         and wd.device_index != c.qd.device_index):
+            raise ValueError("workspace must live on the same device as q")
+        ws_bytes = wd.nbytes
+        ws_ptr = wd.ptr if ws_bytes > 0 else None
+    status = library().fa_backward(
+        ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
+        ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),
+        c.varlen_ptr, ctypes.byref(c.options), ws_ptr, ws_bytes)
+    _check(status)
