@@ -1,0 +1,111 @@
+// flashattn C++ API: a thin, header-only layer over the C ABI in flashattn.h.
+// Errors become flashattn::Error (carrying the status and the library's message).
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+class Error : public std::runtime_error {
+ public:
+  Error(fa_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  fa_status status() const { return status_; }
+
+ private:
+  fa_status status_;
+};
+
+inline void check(fa_status status) {
+  if (status != FA_OK) throw Error(status, std::string(fa_status_string(status)) + ": " + fa_last_error());
+}
+
+// A C-contiguous tensor descriptor (strides derived from the shape).
+inline fa_tensor make_tensor(void* data, fa_dtype dtype, std::initializer_list<int64_t> shape,
+                             fa_device_type device = FA_DEVICE_CPU, int device_index = 0) {
+  if (shape.size() == 0 || shape.size() > FA_MAX_DIMS) {
+    throw Error(FA_ERROR_INVALID_ARGUMENT, "a tensor has 1 to 4 dimensions");
+  }
+  fa_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.device_index = device_index;
+  t.ndim = static_cast<int32_t>(shape.size());
+  int i = 0;
+  for (int64_t s : shape) t.shape[i++] = s;
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+// Options with flash-attn's defaults; set fields directly or chain the setters.
+struct Options {
+  float softmax_scale = 0.0f;  // 0 -> 1/sqrt(head_dim)
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  float softcap = 0.0f;
+  bool deterministic = false;
+  fa_backend backend = FA_BACKEND_AUTO;
+  void* stream = nullptr;  // cudaStream_t
+  int num_threads = 0;
+
+  Options& with_causal(bool c = true) { causal = c; return *this; }
+  Options& with_window(int left, int right) { window_left = left; window_right = right; return *this; }
+  Options& with_softcap(float c) { softcap = c; return *this; }
+  Options& with_scale(float s) { softmax_scale = s; return *this; }
+  Options& with_backend(fa_backend b) { backend = b; return *this; }
+  Options& with_stream(void* s) { stream = s; return *this; }
+
+  fa_options to_c() const {
+    fa_options o = fa_default_options();
+    o.softmax_scale = softmax_scale;
+    o.causal = causal;
+    o.window_left = window_left;
+    o.window_right = window_right;
+    o.softcap = softcap;
+    o.deterministic = deterministic;
+    o.backend = backend;
+    o.stream = stream;
+    o.num_threads = num_threads;
+    return o;
+  }
+};
+
+// out = attention(q, k, v); lse (f32) is written when given.
+inline void forward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v, fa_tensor& out,
+                    fa_tensor* lse = nullptr, const Options& options = {},
+                    const fa_varlen* varlen = nullptr) {
+  const fa_options o = options.to_c();
+  check(fa_forward(&q, &k, &v, &out, lse, varlen, &o));
+}
+
+inline size_t backward_workspace_size(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
+                                      const Options& options = {},
+                                      const fa_varlen* varlen = nullptr) {
+  const fa_options o = options.to_c();
+  size_t bytes = 0;
+  check(fa_backward_workspace_size(&q, &k, &v, varlen, &o, &bytes));
+  return bytes;
+}
+
+inline void backward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
+                     const fa_tensor& out, const fa_tensor& dout, const fa_tensor& lse,
+                     fa_tensor& dq, fa_tensor& dk, fa_tensor& dv, const Options& options = {},
+                     const fa_varlen* varlen = nullptr, void* workspace = nullptr,
+                     size_t workspace_bytes = 0) {
+  const fa_options o = options.to_c();
+  check(fa_backward(&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv, varlen, &o, workspace,
+                    workspace_bytes));
+}
+
+}  // namespace flashattn

@@ -1,0 +1,23 @@
+# Installs the built library into a scratch prefix, builds examples/ against it
+# with find_package(flashattn), and runs the example: the install is usable.
+set(prefix ${BINARY_DIR}/install-test/prefix)
+set(consumer ${BINARY_DIR}/install-test/consumer)
+file(REMOVE_RECURSE ${BINARY_DIR}/install-test)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${prefix} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "install failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples -B ${consumer} -G Ninja
+                        -DCMAKE_PREFIX_PATH=${prefix} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the consumer with find_package(flashattn) failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${consumer} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed")
+endif()
+execute_process(COMMAND ${consumer}/forward_backward RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+message("${out}")
+if(rc OR NOT out MATCHES "as expected: invalid argument: heads_q")
+  message(FATAL_ERROR "the example failed (${rc})")
+endif()
