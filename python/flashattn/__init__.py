@@ -15,3 +15,12 @@ from ._capi import (  # noqa: F401
 from ._capi import version as library_version  # noqa: F401
 
 __version__ = "0.1.0"
+
+from .interface import (  # noqa: E402,F401
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
