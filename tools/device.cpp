@@ -20,7 +20,9 @@ void check(cudaError_t err, const char* what) {
 }
 #endif
 
+#ifndef FLASHATTN_WITH_CUDA
 [[noreturn]] void no_cuda() { throw std::runtime_error("this flashattn was built without CUDA"); }
+#endif
 
 }  // namespace
 
