@@ -28,6 +28,20 @@ fa_status guarded(F&& f) {
   }
 }
 
+// Validates shapes and options, then asks the chosen backend for a size.
+template <typename SizeFn>
+fa_status workspace_query(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                          const fa_varlen* varlen, const fa_options* options, size_t* bytes,
+                          SizeFn size) {
+  return guarded([&]() -> fa_status {
+    if (bytes == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "bytes is a null pointer");
+    AttentionParams p;
+    FA_RETURN_IF_ERROR(make_shape_params(q, k, v, varlen, options, &p));
+    *bytes = size(p, resolve_backend(*options, *q) == FA_BACKEND_CUDA);
+    return FA_OK;
+  });
+}
+
 bool cpu_available(const char** why) {
   *why = "";
   return true;
@@ -113,25 +127,16 @@ fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
 fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                                     const fa_varlen* varlen, const fa_options* options,
                                     size_t* bytes) {
-  return guarded([&]() -> fa_status {
-    if (bytes == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "bytes is a null pointer");
-    AttentionParams p;
-    FA_RETURN_IF_ERROR(make_shape_params(q, k, v, varlen, options, &p));
-    *bytes = resolve_backend(*options, *q) == FA_BACKEND_CUDA ? 0 : cpu::forward_workspace_size(p);
-    return FA_OK;
+  return workspace_query(q, k, v, varlen, options, bytes, [](const AttentionParams& p, bool cuda) {
+    return cuda ? size_t{0} : cpu::forward_workspace_size(p);
   });
 }
 
 fa_status fa_backward_workspace_size(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                                      const fa_varlen* varlen, const fa_options* options,
                                      size_t* bytes) {
-  return guarded([&]() -> fa_status {
-    if (bytes == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "bytes is a null pointer");
-    AttentionParams p;
-    FA_RETURN_IF_ERROR(make_shape_params(q, k, v, varlen, options, &p));
-    *bytes = resolve_backend(*options, *q) == FA_BACKEND_CUDA ? cuda::backward_workspace_size(p)
-                                                              : cpu::backward_workspace_size(p);
-    return FA_OK;
+  return workspace_query(q, k, v, varlen, options, bytes, [](const AttentionParams& p, bool cuda) {
+    return cuda ? cuda::backward_workspace_size(p) : cpu::backward_workspace_size(p);
   });
 }
 
