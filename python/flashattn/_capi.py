@@ -260,11 +260,11 @@ def version() -> str:
 def _backend_code(backend) -> int:
     if isinstance(backend, int) and not isinstance(backend, bool):
         if backend not in (FA_BACKEND_AUTO, FA_BACKEND_CPU, FA_BACKEND_CUDA):
-            raise ValueError(f"unknown backend code {backend}")
+            raise InvalidArgumentError(f"unknown backend code {backend}")
         return backend
     key = backend.lower() if isinstance(backend, str) else backend
     if key not in _BACKENDS:
-        raise ValueError(f"backend must be None, 'auto', 'cpu' or 'cuda', got {backend!r}")
+        raise InvalidArgumentError(f"backend must be None, 'auto', 'cpu' or 'cuda', got {backend!r}")
     return _BACKENDS[key]
 
 
@@ -357,9 +357,9 @@ def _describe_torch(x, name: str) -> _Desc:
     elif dev.type == "cuda":
         device, index = FA_DEVICE_CUDA, (dev.index if dev.index is not None else 0)
     else:
-        raise ValueError(f"{name} is on device {dev}; flashattn takes cpu and cuda tensors")
+        raise InvalidArgumentError(f"{name} is on device {dev}; flashattn takes cpu and cuda tensors")
     if x.layout != torch.strided:
-        raise ValueError(f"{name} must be a strided (dense) tensor, got layout {x.layout}")
+        raise InvalidArgumentError(f"{name} must be a strided (dense) tensor, got layout {x.layout}")
     return _Desc(x.data_ptr(), code, device, index, x.shape, x.stride(), x.element_size(),
                  False, x, "torch")
 
@@ -372,7 +372,7 @@ def _describe_array_interface(x, name: str) -> _Desc:
     typestr = ai["typestr"]
     byteorder, kind_size = typestr[0], typestr[1:]
     if byteorder == ">" and kind_size[1:] != "1":
-        raise ValueError(f"{name} is big-endian; flashattn takes native (little-endian) arrays")
+        raise InvalidArgumentError(f"{name} is big-endian; flashattn takes native (little-endian) arrays")
     itemsize = int(kind_size[1:])
     code = _NUMPY_TYPESTR.get(kind_size, "numpy typestr " + typestr)
     ptr, readonly = ai["data"]
@@ -388,12 +388,12 @@ def _describe_array_interface(x, name: str) -> _Desc:
         strides = []
         for bs in byte_strides:
             if bs % itemsize:
-                raise ValueError(f"{name} has a stride of {bs} bytes, not a multiple of its "
+                raise InvalidArgumentError(f"{name} has a stride of {bs} bytes, not a multiple of its "
                                  f"{itemsize}-byte elements")
             strides.append(bs // itemsize)
         strides = tuple(strides)
     if ai.get("mask") is not None:
-        raise ValueError(f"{name} is a masked array; pass plain data")
+        raise InvalidArgumentError(f"{name} is a masked array; pass plain data")
     offset = ai.get("offset", 0) or 0
     return _Desc((ptr or 0) + offset, code, FA_DEVICE_CPU, 0, shape, strides, itemsize,
                  bool(readonly), x, "numpy")
@@ -441,7 +441,7 @@ def _describe_dlpack(x, name: str, stream) -> _Desc:
     shape = tuple(t.shape[i] for i in range(ndim))
     code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
     if lanes != 1:
-        raise ValueError(f"{name} has vector dtype lanes={lanes}")
+        raise InvalidArgumentError(f"{name} has vector dtype lanes={lanes}")
     dtype = {(_kDLFloat, 32): FA_F32, (_kDLFloat, 16): FA_F16, (_kDLBfloat, 16): FA_BF16,
              (_kDLInt, 32): "int32", (_kDLUInt, 8): "uint8"}.get(
                  (code, bits), f"DLPack dtype code {code} bits {bits}")
@@ -459,7 +459,7 @@ def _describe_dlpack(x, name: str, stream) -> _Desc:
     elif dt in (_kDLCUDA, _kDLCUDAManaged):
         device, index = FA_DEVICE_CUDA, t.device.device_id
     else:
-        raise ValueError(f"{name} is on DLPack device type {dt}; flashattn takes CPU and CUDA")
+        raise InvalidArgumentError(f"{name} is on DLPack device type {dt}; flashattn takes CPU and CUDA")
     data = (t.data or 0) + t.byte_offset
     return _Desc(data, dtype, device, index, shape, strides, max(bits // 8, 1), False,
                  (x, capsule), "dlpack")
@@ -467,7 +467,7 @@ def _describe_dlpack(x, name: str, stream) -> _Desc:
 
 def _describe(x, name: str, stream=None) -> _Desc:
     if x is None:
-        raise ValueError(f"{name} is None")
+        raise InvalidArgumentError(f"{name} is None")
     if _is_torch_tensor(x):
         return _describe_torch(x, name)
     if hasattr(x, "__array_interface__"):
@@ -480,12 +480,12 @@ def _describe(x, name: str, stream=None) -> _Desc:
 
 def _fa_tensor(d: _Desc, name: str, *, output: bool = False) -> FaTensor:
     if not isinstance(d.dtype, int):
-        raise TypeError(f"{name} has dtype {d.dtype}; flashattn takes float32, float16 and "
-                        f"bfloat16 (bfloat16 only from torch or DLPack)")
+        raise UnsupportedError(f"{name} has dtype {d.dtype}; flashattn takes float32, float16 "
+                               f"and bfloat16 (bfloat16 only from torch or DLPack)")
     if len(d.shape) > FA_MAX_DIMS:
-        raise ValueError(f"{name} has {len(d.shape)} dimensions, at most {FA_MAX_DIMS} allowed")
+        raise InvalidArgumentError(f"{name} has {len(d.shape)} dimensions, at most {FA_MAX_DIMS} allowed")
     if output and d.readonly:
-        raise ValueError(f"{name} is read-only but is written as an output")
+        raise InvalidArgumentError(f"{name} is read-only but is written as an output")
     t = FaTensor()
     t.data = d.ptr or None
     t.dtype = d.dtype
@@ -501,17 +501,18 @@ def _fa_tensor(d: _Desc, name: str, *, output: bool = False) -> FaTensor:
 def _cu_seqlens_ptr(x, name: str, q: _Desc, stream) -> Tuple[int, int, Any]:
     d = _describe(x, name, stream)
     if d.dtype != "int32":
-        raise TypeError(f"{name} must be int32, got {d.dtype if isinstance(d.dtype, str) else _DTYPE_NAMES[d.dtype]}")
+        got = d.dtype if isinstance(d.dtype, str) else _DTYPE_NAMES[d.dtype]
+        raise InvalidArgumentError(f"{name} must be int32, got {got}")
     if len(d.shape) != 1:
-        raise ValueError(f"{name} must be 1-dimensional (batch + 1,), got shape {d.shape}")
+        raise InvalidArgumentError(f"{name} must be 1-dimensional (batch + 1,), got shape {d.shape}")
     if d.shape[0] > 1 and d.strides[0] != 1:
-        raise ValueError(f"{name} must be contiguous")
+        raise InvalidArgumentError(f"{name} must be contiguous")
     if d.shape[0] < 1:
-        raise ValueError(f"{name} must have batch + 1 >= 1 entries")
+        raise InvalidArgumentError(f"{name} must have batch + 1 >= 1 entries")
     if d.device != q.device or (d.device == FA_DEVICE_CUDA and d.device_index != q.device_index):
         where = "cpu" if d.device == FA_DEVICE_CPU else f"cuda:{d.device_index}"
         qwhere = "cpu" if q.device == FA_DEVICE_CPU else f"cuda:{q.device_index}"
-        raise ValueError(f"{name} is on {where} but q is on {qwhere}; cu_seqlens must live with q")
+        raise InvalidArgumentError(f"{name} is on {where} but q is on {qwhere}; cu_seqlens must live with q")
     return d.ptr, d.shape[0] - 1, d
 
 
@@ -541,7 +542,7 @@ def _options(*, softmax_scale, causal, window_size, softcap, deterministic, back
         scale = float(softmax_scale)
         if not scale > 0:
             # 0 means "default" to the C ABI; refuse it rather than silently change it.
-            raise ValueError(f"softmax_scale must be > 0 (or None for 1/sqrt(head_dim)), "
+            raise InvalidArgumentError(f"softmax_scale must be > 0 (or None for 1/sqrt(head_dim)), "
                              f"got {softmax_scale}")
         o.softmax_scale = scale
     o.causal = 1 if causal else 0
@@ -550,7 +551,7 @@ def _options(*, softmax_scale, causal, window_size, softcap, deterministic, back
     try:
         left, right = window_size
     except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+        raise InvalidArgumentError(f"window_size must be a pair (left, right), got {window_size!r}") from None
     o.window_left = int(left)
     o.window_right = int(right)
     o.softcap = float(softcap or 0.0)
@@ -574,13 +575,13 @@ class _Call:
         self.k = self.tensor(k, "k")
         self.v = self.tensor(v, "v")
         if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+            raise InvalidArgumentError("cu_seqlens_q and cu_seqlens_k must be given together")
         self.varlen = None
         if cu_seqlens_q is not None:
             pq, bq, dq = _cu_seqlens_ptr(cu_seqlens_q, "cu_seqlens_q", self.qd, self.stream)
             pk, bk, dk = _cu_seqlens_ptr(cu_seqlens_k, "cu_seqlens_k", self.qd, self.stream)
             if bq != bk:
-                raise ValueError(f"cu_seqlens_q has {bq + 1} entries but cu_seqlens_k has "
+                raise InvalidArgumentError(f"cu_seqlens_q has {bq + 1} entries but cu_seqlens_k has "
                                  f"{bk + 1}; both must have batch + 1")
             self.keep += [dq, dk]
             vl = FaVarlen()
@@ -687,12 +688,12 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
         wd = _describe(workspace, "workspace", c.stream)
         c.keep.append(wd)
         if not wd.is_contiguous():
-            raise ValueError("workspace must be contiguous")
+            raise InvalidArgumentError("workspace must be contiguous")
         if wd.readonly:
-            raise ValueError("workspace is read-only")
+            raise InvalidArgumentError("workspace is read-only")
         if wd.device != c.qd.device or (wd.device == FA_DEVICE_CUDA
                                          and wd.device_index != c.qd.device_index):
-            raise ValueError("workspace must live on the same device as q")
+            raise InvalidArgumentError("workspace must live on the same device as q")
         ws_bytes = wd.nbytes
         ws_ptr = wd.ptr if ws_bytes > 0 else None
     status = library().fa_backward(
