@@ -5,7 +5,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import flashattn  # noqa: E402
+import flashattn  # noqa: E402,F401
+from _torch_reference import f64, ref_attention  # noqa: E402
 from flashattn import (  # noqa: E402
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -14,41 +15,6 @@ from flashattn import (  # noqa: E402
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
-
-
-def ref_attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0):
-    """Naive float64 attention in torch (autograd gives the reference gradients).
-    q (b, sq, hq, d), k/v (b, sk, hkv, d); bottom-right aligned masks; rows that see
-    no key give 0."""
-    q, k, v = q.double(), k.double(), v.double()
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    scale = d ** -0.5 if scale is None else scale
-    k = k.repeat_interleave(hq // hkv, dim=2)
-    v = v.repeat_interleave(hq // hkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
-    mask = torch.ones(sq, sk, dtype=torch.bool)
-    if left >= 0:
-        mask &= j >= i + sk - sq - left
-    if right >= 0:
-        mask &= j <= i + sk - sq + right
-    row_any = mask.any(-1, keepdim=True)
-    s = s.masked_fill(~mask, float("-inf")).masked_fill(~row_any, 0.0)
-    p = torch.softmax(s, dim=-1) * row_any
-    lse = torch.logsumexp(s, dim=-1).masked_fill(~row_any[:, 0], float("-inf"))
-    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
-
-
-def f64(*ts):
-    """float64 leaf copies, for reference gradients computed in float64 throughout."""
-    return tuple(t.detach().double().requires_grad_() for t in ts)
 
 
 def leaf(*shape, dtype=torch.float32, gen=None):

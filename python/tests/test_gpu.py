@@ -1,0 +1,216 @@
+"""CUDA tensors through the PyTorch ops: values against torch's own SDPA math
+kernel in float64, gradients through autograd, torch.compile (inductor), opcheck.
+
+Run with `pytest -m gpu python/tests`. Skipped without PyTorch, without a CUDA
+device, or when the loaded libflashattn has no usable CUDA backend (point
+FLASHATTN_LIBRARY at a CUDA build).
+
+Low-precision results are judged like flash-attn's own tests: the error of
+flashattn against the float64 reference may be at most twice the error of
+PyTorch's own SDPA in the same dtype (plus a small absolute slack).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn  # noqa: E402
+from _torch_reference import f64, ref_attention, visible_mask  # noqa: E402
+from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.skipif(torch.cuda.is_available() and not flashattn.backend_available("cuda"),
+                       reason="libflashattn has no usable CUDA backend: "
+                       + flashattn.backend_unavailable_reason("cuda")),
+]
+
+DEV = "cuda"
+
+
+def sdpa_reference(q, k, v, causal=False, window=(-1, -1), dtype=torch.float64, scale=None):
+    """torch SDPA (math kernel for float64) on (b, s, h, d) tensors, bottom-right masks
+    given as an explicit boolean mask, GQA by repeating kv heads."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    hq, hkv = q.shape[2], k.shape[2]
+    qt, kt, vt = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
+    kt = kt.repeat_interleave(hq // hkv, dim=1)
+    vt = vt.repeat_interleave(hq // hkv, dim=1)
+    mask = None
+    if causal or window != (-1, -1):
+        mask = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
+    backends = [SDPBackend.MATH] if dtype == torch.float64 else [
+        SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask,
+                                                             scale=scale)
+    return o.transpose(1, 2)
+
+
+def assert_within(got, ref64, torch_lp, name, slack=1e-4):
+    err = (got.double() - ref64).abs().max().item()
+    torch_err = (torch_lp.double() - ref64).abs().max().item()
+    assert err <= 2 * torch_err + slack, (
+        f"{name}: max error {err:.3e} vs float64, torch's own {torch_err:.3e}")
+
+
+def _cuda_backward_available():
+    q = torch.randn(1, 8, 1, 64, device=DEV, dtype=torch.float16, requires_grad=True)
+    try:
+        flash_attn_func(q, q, q).sum().backward()
+    except NotImplementedError as e:
+        return str(e)
+    return ""
+
+
+def needs_backward():
+    why = _cuda_backward_available()
+    if why:
+        pytest.skip(f"CUDA backward not available in this build: {why}")
+
+
+CASES = [
+    # b, sq, sk, hq, hkv, d, causal, window
+    (2, 128, 128, 8, 8, 64, False, (-1, -1)),
+    (2, 113, 203, 8, 2, 128, True, (-1, -1)),
+    (1, 256, 256, 4, 1, 96, True, (-1, -1)),
+    (2, 200, 200, 4, 4, 64, False, (32, 16)),
+    (1, 77, 300, 4, 2, 256, False, (-1, -1)),
+    (3, 64, 64, 2, 2, 32, True, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,d,causal,window", CASES)
+def test_forward_vs_sdpa_math(dtype, b, sq, sk, hq, hkv, d, causal, window):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q = torch.randn(b, sq, hq, d, device=DEV, dtype=dtype, generator=g)
+    k = torch.randn(b, sk, hkv, d, device=DEV, dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hkv, d, device=DEV, dtype=dtype, generator=g)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                  return_attn_probs=True)
+    assert out.dtype == dtype and out.device == q.device and out.shape == q.shape
+    ref64 = sdpa_reference(q, k, v, causal, window)
+    lp = sdpa_reference(q, k, v, causal, window, dtype=dtype)
+    assert_within(out, ref64, lp, "out")
+    _, rl = ref_attention(q, k, v, causal=causal, window=window)
+    torch.testing.assert_close(lse.double(), rl, rtol=1e-3, atol=1e-3)
+
+
+def test_softcap_forward():
+    g = torch.Generator(device=DEV).manual_seed(1)
+    q, k, v = (torch.randn(2, 130, 4, 64, device=DEV, dtype=torch.bfloat16, generator=g) * 3
+               for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True, softcap=15.0)
+    ro, _ = ref_attention(q, k, v, causal=True, softcap=15.0)
+    torch.testing.assert_close(out.double(), ro, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal,window,hkv", [(False, (-1, -1), 4), (True, (-1, -1), 2),
+                                               (False, (24, 8), 1)])
+def test_gradients_vs_float64(dtype, causal, window, hkv):
+    needs_backward()
+    g = torch.Generator(device=DEV).manual_seed(2)
+    shape_q, shape_k = (2, 150, 4, 64), (2, 170, hkv, 64)
+    q = torch.randn(*shape_q, device=DEV, dtype=dtype, generator=g).requires_grad_()
+    k = torch.randn(*shape_k, device=DEV, dtype=dtype, generator=g).requires_grad_()
+    v = torch.randn(*shape_k, device=DEV, dtype=dtype, generator=g).requires_grad_()
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    q64, k64, v64 = f64(q, k, v)
+    r64 = sdpa_reference(q64, k64, v64, causal, window)
+    rgrads = torch.autograd.grad(r64, (q64, k64, v64), dout.double())
+    ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
+    lp = sdpa_reference(ql, kl, vl, causal, window, dtype=dtype)
+    lgrads = torch.autograd.grad(lp, (ql, kl, vl), dout)
+    for name, a, r, t in zip(("dq", "dk", "dv"), grads, rgrads, lgrads):
+        assert a.dtype == dtype and a.shape == r.shape
+        assert_within(a, r, t, name, slack=1e-3)
+
+
+def test_varlen_forward_and_backward():
+    g = torch.Generator(device=DEV).manual_seed(3)
+    lens_q, lens_k = [100, 1, 37, 256], [90, 64, 37, 300]
+    cu_q = torch.tensor([0] + lens_q, device=DEV).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device=DEV).cumsum(0).to(torch.int32)
+    dt = torch.bfloat16
+    q = torch.randn(int(cu_q[-1]), 8, 128, device=DEV, dtype=dt, generator=g)
+    k = torch.randn(int(cu_k[-1]), 2, 128, device=DEV, dtype=dt, generator=g)
+    v = torch.randn(int(cu_k[-1]), 2, 128, device=DEV, dtype=dt, generator=g)
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    for i in range(len(lens_q)):
+        qs, qe, ks, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        ref64 = sdpa_reference(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], True)
+        lp = sdpa_reference(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], True, dtype=dt)
+        assert_within(out[None, qs:qe], ref64, lp, f"out of sequence {i}")
+    needs_backward()
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and torch.isfinite(t.grad).all()
+
+
+def test_runs_on_current_stream():
+    g = torch.Generator(device=DEV).manual_seed(4)
+    q = torch.randn(4, 512, 8, 64, device=DEV, dtype=torch.float16, generator=g)
+    expected = flash_attn_func(q, q, q, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x = q * 1  # produced on the side stream; the op must run after it on that stream
+        out = flash_attn_func(x, x, x, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_torch_compile_inductor_fullgraph():
+    g = torch.Generator(device=DEV).manual_seed(5)
+    q, k, v = (torch.randn(2, 128, 4, 64, device=DEV, dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+
+    def f(q, k, v):
+        return flash_attn_func(q * 0.5, k, v, causal=True).float().square().mean()
+
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(got, f(q, k, v), rtol=1e-3, atol=1e-4)
+
+
+def test_torch_compile_backward():
+    needs_backward()
+    g = torch.Generator(device=DEV).manual_seed(6)
+    q, k, v = (torch.randn(2, 96, 4, 64, device=DEV, dtype=torch.float16, generator=g)
+               .requires_grad_() for _ in range(3))
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True).float().square().sum()
+
+    torch._dynamo.reset()
+    grads = torch.autograd.grad(torch.compile(f, fullgraph=True)(q, k, v), (q, k, v))
+    eager = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for a, b_ in zip(grads, eager):
+        torch.testing.assert_close(a, b_)
+
+
+def test_opcheck_cuda():
+    g = torch.Generator(device=DEV).manual_seed(7)
+    q = torch.randn(2, 64, 4, 64, device=DEV, dtype=torch.float16, generator=g)
+    k = torch.randn(2, 80, 2, 64, device=DEV, dtype=torch.float16, generator=g)
+    args = (q, k, k.clone(), 0.125, True, -1, -1, 0.0, False)
+    tests = ("test_schema", "test_faketensor")
+    if not _cuda_backward_available():
+        tests = tests + ("test_autograd_registration", "test_aot_dispatch_dynamic")
+        args = tuple(t.requires_grad_() if isinstance(t, torch.Tensor) else t for t in args)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, args, test_utils=tests)
+
+
+def test_cuda_errors_surface():
+    x = torch.randn(1, 16, 2, 64, device=DEV)  # float32 is CPU-only
+    with pytest.raises(NotImplementedError, match="f16 and bf16"):
+        flash_attn_func(x, x, x)
+    y = torch.randn(1, 16, 2, 64, device=DEV, dtype=torch.float16)
+    with pytest.raises(ValueError):
+        flash_attn_func(y, y.cpu(), y)
