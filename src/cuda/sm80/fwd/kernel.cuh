@@ -1,0 +1,388 @@
+// FlashAttention-2 forward on sm_80+ tensor cores (mma.sync m16n8k16).
+//
+// One CTA owns kBlockM query rows of one (sequence, head); each warp owns
+// kBlockM / kWarps of them. The CTA walks the K/V tiles its rows can see
+// (MaskPolicy::key_begin/key_end), through a ring of kStages shared-memory
+// slots filled by cp.async:
+//   wait K_j; S = Q K_j^T (V_{j+kStages-1} loading)
+//   mask (boundary tiles only), online softmax in registers
+//   wait V_j; O += P V_j  (K_{j+kStages} loading)
+// and writes O / l and the logsumexp once at the end.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "core/mask.h"
+#include "core/params.h"
+#include "cuda/common/mma.h"
+#include "cuda/common/swizzle.h"
+#include "cuda/sm80/fwd/tuning.h"
+
+namespace flashattn::cuda::sm80 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// How kThreads threads copy a swizzled [kRows][kCols] tile in 16-byte chunks.
+// NOTES: each thread keeps one chunk column and steps down kRowsPerPass rows at
+// a time, kRowsPerPass a multiple of 8 so the swizzle of its rows never
+// changes: the addresses are a base plus a constant per step, and nothing
+// per-chunk stays live in registers across the K/V loop (computing each
+// chunk's address from scratch made the compiler hoist 8 64-bit pointers per
+// tile and spill). Threads past kRowsPerPass * kChunks idle (head dims 96 and
+// 192, whose 12/24 chunks do not divide the thread count).
+template <class Tile, int kThreads>
+struct TileCopy {
+  static constexpr int kRowsPerPass = (kThreads / Tile::kChunks) / 8 * 8;
+  static constexpr int kPasses = Tile::kRows / kRowsPerPass;
+  static_assert(kRowsPerPass >= 8 && Tile::kRows % kRowsPerPass == 0, "tile copy shape");
+
+  int row, chunk;  // this thread's first row and its column chunk
+  bool active;
+  uint32_t smem;   // byte offset of (row, chunk)
+
+  __device__ __forceinline__ explicit TileCopy(int tid)
+      : row(tid / Tile::kChunks), chunk(tid % Tile::kChunks),
+        active(tid < kRowsPerPass * Tile::kChunks), smem(Tile::offset(row, chunk)) {}
+
+  static constexpr uint32_t kPassBytes = kRowsPerPass * Tile::kAtom * 16;
+
+  // Rows [0, rows_valid) x columns [0, cols_valid) of a global tile (rows
+  // `row_stride` elements apart) into shared memory at dst; the rest zero-filled.
+  template <typename T>
+  __device__ __forceinline__ void load(uint32_t dst, const T* src, int64_t row_stride,
+                                       int rows_valid, int cols_valid) const {
+    if (!active) return;
+    const bool col_ok = chunk * 8 < cols_valid;
+    // NOTES: the pointer walks down by `step`; the empty asm hides that step is
+    // the same every tile, else the compiler keeps all kPasses multiples of it
+    // live across the K/V loop (2 registers each), which spilled at head dim 128.
+    int64_t step = kRowsPerPass * row_stride;
+    asm volatile("" : "+l"(step));
+    const T* g = src + row * row_stride + chunk * 8;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool ok = col_ok && row + i * kRowsPerPass < rows_valid;
+      cp_async_16(dst + smem + i * kPassBytes, ok ? g : src, ok);
+      g += step;
+    }
+  }
+
+  // The reverse, for the output: rows/columns outside the bounds are not written.
+  template <typename T>
+  __device__ __forceinline__ void store(T* dst, int64_t row_stride, const uint8_t* src_smem,
+                                        int rows_valid, int cols_valid) const {
+    if (!active || chunk * 8 >= cols_valid) return;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      if (row + i * kRowsPerPass < rows_valid) {
+        *reinterpret_cast<uint4*>(dst + (row + i * kRowsPerPass) * row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(src_smem + smem + i * kPassBytes);
+      }
+    }
+  }
+};
+
+template <int kD, typename T>
+__global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
+                                  ForwardTuning<kD>::kMinBlocksPerSm)
+    forward_kernel(const AttentionParams p, int m_blocks) {
+  using Cfg = ForwardTuning<kD>;
+  constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kThreads = Cfg::kWarps * 32;
+  constexpr int kWarpRows = kM / Cfg::kWarps;
+  constexpr int kMT = kWarpRows / 16;  // m16 tiles per warp
+  constexpr int kNT = kN / 8;          // n8 tiles of S
+  constexpr int kDT = kD / 8;          // n8 tiles of O
+  constexpr int kKQ = kD / 16;         // k16 steps of Q K^T
+  constexpr int kKP = kN / 16;         // k16 steps of P V
+  static_assert(kWarpRows % 16 == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  using QTile = SwizzledTile<kM, kD>;
+  using KVTile = SwizzledTile<kN, kD>;
+  using Mma = MmaType<T>;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sKV = sQ + QTile::kBytes;  // slot s: K at 2s, V at 2s+1 tiles
+  auto sK = [&](int slot) { return sKV + (2 * slot) * KVTile::kBytes; };
+  auto sV = [&](int slot) { return sKV + (2 * slot + 1) * KVTile::kBytes; };
+
+  // NOTES: blocks of one (sequence, head) are adjacent in launch order so they
+  // share K/V in L2; inside it the last query block goes first, since with a
+  // bottom-right mask it sees the most keys (heaviest work first, light tail).
+  const int bh = blockIdx.x / m_blocks;
+  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);
+  const int h = bh % p.heads_q, b = bh / p.heads_q;
+  const SequenceInfo seq = sequence_info(p, b);
+  const int m0 = m_block * kM;
+  if (m0 >= seq.seqlen_q) return;
+  const MaskPolicy mask = mask_for(p, seq);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  const int rows_valid = min(kM, seq.seqlen_q - m0);
+
+  const T* q = static_cast<const T*>(p.q) +
+               row_offset(b, seq.row_q, m0, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride, varlen);
+  const T* k = static_cast<const T*>(p.k) +
+               row_offset(b, seq.row_k, 0, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride, varlen);
+  const T* v = static_cast<const T*>(p.v) +
+               row_offset(b, seq.row_k, 0, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride, varlen);
+  T* o = static_cast<T*>(p.out) +
+         row_offset(b, seq.row_q, m0, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen);
+
+  // Key tiles [n_first, n_first + n_tiles): only those some row here can see.
+  const int key_lo = mask.key_begin(m0), key_hi = mask.key_end(m0 + rows_valid);
+  const int n_first = key_lo / kN;
+  const int n_tiles = key_hi > key_lo ? (key_hi + kN - 1) / kN - n_first : 0;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row = warp * kWarpRows;  // first row of this warp in the tile
+  const int d_valid = p.head_dim;         // columns past it are zero-filled
+
+  const TileCopy<QTile, kThreads> q_copy(tid);
+  const TileCopy<KVTile, kThreads> kv_copy(tid);
+  auto load_k = [&](int j) {
+    if (j < n_tiles) {
+      const int n0 = (n_first + j) * kN;
+      kv_copy.load(sK(j % kStages), k + n0 * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n0,
+                   d_valid);
+    }
+    cp_async_commit();  // empty groups keep the wait counts uniform
+  };
+  auto load_v = [&](int j) {
+    if (j < n_tiles) {
+      const int n0 = (n_first + j) * kN;
+      kv_copy.load(sV(j % kStages), v + n0 * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n0,
+                   d_valid);
+    }
+    cp_async_commit();
+  };
+
+  // Prologue: Q with K_0, then V_0, K_1, ..., K_{kStages-1}: loads are issued
+  // in the order K_0 V_0 K_1 V_1 ..., one group each, 2*kStages-1 ahead.
+  q_copy.load(sQ, q, p.q_row_stride, rows_valid, d_valid);
+  load_k(0);
+  for (int s = 0; s < kStages - 1; ++s) {
+    load_v(s);
+    load_k(s + 1);
+  }
+
+  // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
+  // With a softcap, s -> softcap * tanh(s * scale / softcap) is already scaled.
+  const bool softcap = p.softcap > 0.0f;
+  const float scale_log2 = softcap ? kLog2e : p.scale * kLog2e;
+  const float cap_in = softcap ? p.scale / p.softcap : 0.0f;
+
+  const auto q_lane = QTile::lane(lane & 15, lane >> 4);                    // A: rows, then chunk
+  const auto k_lane = KVTile::lane((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);  // B
+  const auto v_lane = KVTile::lane(lane & 15, lane >> 4);                   // B, transposed
+
+  float acc[kMT][kDT][4];
+  float row_max[kMT][2], row_sum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.0f;
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+  }
+  uint32_t q_frag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kKQ : 1][4];
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int slot = j % kStages;
+    const int n0 = (n_first + j) * kN;
+    cp_async_wait<2 * kStages - 2>();  // K_j (and, at j = 0, Q) landed
+    __syncthreads();                   // ... for every thread; V slot of j-1 free
+    load_v(j + kStages - 1);
+
+    if constexpr (Cfg::kQInRegs) {
+      if (j == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < kKQ; ++kk)
+            ldmatrix_x4(q_frag[mt][kk], sQ + QTile::at(q_lane, warp_row + mt * 16, kk * 2));
+      }
+    }
+
+    // S = Q K_j^T
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
+        } else {
+          ldmatrix_x4(a[mt], sQ + QTile::at(q_lane, warp_row + mt * 16, kk * 2));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, sK(slot) + KVTile::at(k_lane, np * 16, kk * 2));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    if (softcap) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * cap_in);
+    }
+
+    // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
+    {
+      const int r_begin = min(m0 + warp_row, m0 + rows_valid);
+      const int r_end = min(m0 + warp_row + kWarpRows, m0 + rows_valid);
+      if (!(r_end > r_begin && mask.tile_fully_visible(r_begin, r_end, n0, n0 + kN))) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
+              const int col = n0 + nt * 8 + 2 * t + (e & 1);
+              if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+            }
+      }
+    }
+
+    // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max[mt][hf];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = quad_max(mx);
+        // A row with nothing visible yet keeps m = -inf; subtracting 0 then
+        // gives P = 2^-inf = 0 and no NaN.
+        const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+        const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
+        row_max[mt][hf] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+            s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled));
+            sum += s[mt][nt][e];
+          }
+        row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          acc[mt][dt][2 * hf] *= corr;
+          acc[mt][dt][2 * hf + 1] *= corr;
+        }
+      }
+
+    cp_async_wait<2 * kStages - 2>();  // V_j landed
+    __syncthreads();                   // ... for every thread; K slot of j free
+    load_k(j + kStages);
+
+    // O += P V_j, P straight from the S accumulators (C layout == A layout).
+#pragma unroll
+    for (int kk = 0; kk < kKP; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(v_lane, kk * 16, dp * 2));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<T>(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_m16n8k16<T>(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
+  // lse = ln(l) + m * scale. A row that saw no key: O = 0, lse = -inf.
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float l = quad_sum(row_sum[mt][hf]);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int r = warp_row + mt * 16 + g + hf * 8;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
+        *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, dt) + 4 * t) = packed;
+      }
+      if (p.lse != nullptr && t == 0 && r < rows_valid) {
+        const int64_t off = varlen ? h * p.lse_head_stride + (seq.row_q + m0 + r) * p.lse_row_stride
+                                   : b * p.lse_batch_stride + h * p.lse_head_stride +
+                                         static_cast<int64_t>(m0 + r) * p.lse_row_stride;
+        p.lse[off] = l > 0.0f ? (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+      }
+    }
+  __syncthreads();
+  q_copy.store(o, p.o_row_stride, smem, rows_valid, d_valid);
+}
+
+// Launches the kernel for head dim kD (>= p.head_dim) on p.stream.
+template <int kD, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  using Cfg = ForwardTuning<kD>;
+  const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
+  if (ctas == 0) return FA_OK;
+  if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
+  constexpr int kSmem = forward_smem_bytes<kD>();
+  auto kernel = forward_kernel<kD, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fail(FA_ERROR_DEVICE, std::string("forward kernel (head dim ") + std::to_string(kD) +
+                                     ") needs " + std::to_string(kSmem) +
+                                     " bytes of shared memory: " + cudaGetErrorString(err));
+  }
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kWarps * 32, kSmem,
+           static_cast<cudaStream_t>(p.stream)>>>(p, m_blocks);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return fail(FA_ERROR_DEVICE, std::string("forward kernel launch: ") + cudaGetErrorString(err));
+  }
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::sm80
