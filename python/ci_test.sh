@@ -29,7 +29,7 @@ fi
 "$python" -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip
-"$py" -m pip install --quiet numpy pytest
+"$py" -m pip install --quiet numpy pytest matplotlib
 
 if [ "$want_torch" = "1" ]; then
   # The plain PyPI wheel (no CPU-only index is reachable); it runs on machines without a GPU.
