@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/mask.h"  // FA_HOST_DEVICE
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -27,7 +28,7 @@ struct AttentionParams {
   // Variable-length batches: int32[batch+1], on `device`; null when fixed-length.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
-  bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
 
   // Forward tensors. Strides in elements. For varlen, batch strides are 0 and
   // rows are addressed by cu_seqlens offset * row stride.
@@ -71,8 +72,8 @@ struct AttentionParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
-  bool has_mask() const { return window_left >= 0 || window_right >= 0; }
-  int group_size() const { return heads_q / heads_kv; }  // query heads per kv head
+  FA_HOST_DEVICE bool has_mask() const { return window_left >= 0 || window_right >= 0; }
+  FA_HOST_DEVICE int group_size() const { return heads_q / heads_kv; }  // query heads per kv head
 };
 
 }  // namespace flashattn

@@ -1,0 +1,7 @@
+// The sm80 backward kernel at head dim 160 (head dims up to 160 that no smaller kernel takes).
+#include "cuda/sm80/bwd/kernel.cuh"
+
+namespace flashattn::cuda::bwd {
+template fa_status run_main<160, __half>(const AttentionParams&, const Workspace&);
+template fa_status run_main<160, __nv_bfloat16>(const AttentionParams&, const Workspace&);
+}  // namespace flashattn::cuda::bwd

@@ -1,0 +1,507 @@
+// The sm80 FlashAttention-2 backward kernel (mma.sync, runs on sm_80 and later).
+//
+// One CTA owns a key tile (BN keys of one kv head) and keeps its dK and dV in
+// registers while it walks the query tiles that can see the tile (the mask's
+// query_begin/query_end) for every query head of its group. Per query tile:
+//   S  = Q K^T            (registers)      dP = dO V^T   (registers)
+//   P  = exp(S - lse)     dS = P * (dP - D) * softcap'(S)
+//   P, dS -> shared memory (16-bit)
+//   dV += P^T dO          dK += dS^T Q     (registers, all iterations)
+//   dQ_part = dS K        -> added into the f32 dQ accumulator in the workspace
+// The pre-pass (passes.cu) computed D = rowsum(dO * O) and zeroed the
+// accumulator; the post-pass converts it into dq.
+//
+// NOTES:
+// - GQA/MQA: the CTA loops over the query heads of its group itself, so dK/dV
+//   are summed in registers and written once. The alternative (a CTA per query
+//   head with f32 dK/dV accumulators in the workspace and a reducing post-pass)
+//   costs group_size x (total_k x D x 8 bytes) of workspace and a second pass
+//   over it; the loop only costs parallelism when batch * heads_kv * key tiles
+//   is under a wave or two, which is not the regime where backward time matters.
+// - Deterministic mode: every (sequence, query head, query tile) has a
+//   semaphore; key tiles add their dQ share in decreasing key-tile order, each
+//   waiting for the next-higher key tile that sees the same query tile to
+//   publish. Decreasing order makes the causal case a wavefront (key tile n
+//   starts at query tile ~n, which tile n+1 never touches) instead of making
+//   every tile wait for tile 0's walk. The grid is launched with the highest
+//   key tile first (blockIdx.x reversed), so a waiting CTA's predecessor was
+//   dispatched before it and the chain cannot deadlock.
+// - Masks are runtime: a (query tile, key tile) pair that tile_fully_visible()
+//   clears skips per-element checks; others test MaskPolicy::visible.
+// - The softmax scale is applied to dK here (epilogue) and to dQ in the
+//   post-pass, not folded into dS: scaled dS values (P * (dP - D) / sqrt(d))
+//   reach fp16's subnormal range, where they lose bits that the tolerance
+//   (2x the error of naive fp16 attention) does not allow.
+// - Rows whose lse is -inf (they see no key) get P = 0: lse is replaced by
+//   +inf, so exp2(s - inf) = 0 and nothing downstream sees a NaN.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "core/mask.h"
+#include "core/params.h"
+#include "cuda/common/mma.h"
+#include "cuda/sm80/bwd/config.h"
+#include "cuda/sm80/bwd/launch.h"
+
+namespace flashattn::cuda::bwd {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------- warp GEMM
+
+// acc[MT][NT] (a warp tile of MT*16 x NT*8, mma C fragments) += A * B over KDIM,
+// operands in shared memory (16-bit, row strides in elements):
+//   A (m x k): A_KMAJOR ? stored [k][m] : stored [m][k]
+//   B (k x n): B_KMAJOR ? stored [k][n] : stored [n][k]
+// a/b are shared-memory byte addresses of the warp tile's origin. K-major
+// operands are read with ldmatrix.trans, which delivers the transposed
+// fragment, so every product of the backward reads its operands in place.
+template <int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], uint32_t a, int a_stride,
+                                          uint32_t b, int b_stride, int lane) {
+  static_assert(NT % 2 == 0, "B fragments are loaded for 16 columns at a time");
+  static_assert(KDIM % 16 == 0, "k-steps of 16");
+  // Per-lane row/column of the 8x8 matrix this lane addresses (see mma.h).
+  const int a_row = A_KMAJOR ? (lane & 7) + ((lane >> 4) << 3) : (lane & 15);
+  const int a_col = A_KMAJOR ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
+  const int b_row = B_KMAJOR ? (lane & 7) + ((lane >> 3) & 1) * 8 : (lane & 7) + ((lane >> 4) << 3);
+  const int b_col = B_KMAJOR ? (lane >> 4) * 8 : ((lane >> 3) & 1) * 8;
+  const uint32_t a_lane = a + 2u * (a_row * a_stride + a_col);
+  const uint32_t b_lane = b + 2u * (b_row * b_stride + b_col);
+#pragma unroll
+  for (int k0 = 0; k0 < KDIM; k0 += 16) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      if constexpr (A_KMAJOR) {
+        ldmatrix_x4_trans(af[mi], a_lane + 2u * (k0 * a_stride + mi * 16));
+      } else {
+        ldmatrix_x4(af[mi], a_lane + 2u * (mi * 16 * a_stride + k0));
+      }
+    }
+#pragma unroll
+    for (int nj = 0; nj < NT / 2; ++nj) {
+      uint32_t bf[4];
+      if constexpr (B_KMAJOR) {
+        ldmatrix_x4_trans(bf, b_lane + 2u * (k0 * b_stride + nj * 16));
+      } else {
+        ldmatrix_x4(bf, b_lane + 2u * (nj * 16 * b_stride + k0));
+      }
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        mma_m16n8k16<T>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+        mma_m16n8k16<T>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+}
+
+// ---------------------------------------------------------------- loads
+
+// ROWS x D tile of 16-bit rows into shared memory (row stride kRowStride);
+// rows >= rows_valid and columns >= d are zero-filled.
+template <int ROWS, int D, int STRIDE, typename T>
+__device__ __forceinline__ void load_rows_async(T* smem, const T* g, int64_t row_stride,
+                                                int rows_valid, int d, int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll 1
+  for (int i = tid; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = r < rows_valid && c * 8 < d;
+    const T* src = valid ? g + r * row_stride + c * 8 : g;
+    cp_async_16(smem_addr(smem + r * STRIDE + c * 8), src, valid);
+  }
+}
+
+// 4 bytes global -> shared (L1-cached), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ int* dq_semaphore(const AttentionParams& p, const Workspace& ws, int b,
+                                             int h, int m) {
+  return ws.dq_sem + (static_cast<int64_t>(b) * p.heads_q + h) * ws.q_tiles + m;
+}
+
+// Deterministic dQ: block until key tile n+1 has added its share of query tile
+// m (when it sees that tile at all), then let the whole CTA go on.
+__device__ __forceinline__ void wait_for_predecessor(const AttentionParams& p, const Workspace& ws,
+                                                  const MaskPolicy& mask, int b, int h, int m,
+                                                  int n_tile, int block_m, int block_n,
+                                                  int seqlen_k) {
+  const int n_next = n_tile + 1;
+  const bool has_pred =
+      n_next * block_n < seqlen_k && mask.query_begin(n_next * block_n) / block_m <= m;
+  if (threadIdx.x == 0 && has_pred) {
+    const int* sem = dq_semaphore(p, ws, b, h, m);
+    while (ld_acquire(sem) != n_next + 1) {
+    }
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------- P and dS
+
+struct ScoreArgs {
+  float softcap, inv_cap, scale_log2;
+  const float* lse;  // shared, per tile row
+  const float* row_d;
+  void* p;  // shared P, dS tiles
+  void* ds;
+  int m0, n0, g, t;  // warp tile origin, lane coordinates
+  int q0, k0, seqlen_q, seqlen_k;
+  MaskPolicy mask;
+};
+
+// P = exp(S - lse), dS = P * (dP - D) * softcap'(S) from the S and dP
+// accumulators of one warp, stored as 16-bit into the shared P and dS tiles.
+// kMasked: the tile is partly visible (per-element MaskPolicy test).
+template <bool kMasked, bool kSoftcap, int PS, typename T, int MT, int NT>
+__device__ __forceinline__ void scores_to_p_ds(const float (&acc_s)[MT][NT][4],
+                                               const float (&acc_dp)[MT][NT][4],
+                                               const ScoreArgs& a) {
+  T* sP = static_cast<T*>(a.p);
+  T* sdS = static_cast<T*>(a.ds);
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = a.m0 + mi * 16 + a.g + half * 8;  // row in the tile
+      const float lse = a.lse[r];
+      // lse = -inf: the row sees no key; +inf makes every P of it 0.
+      const float lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      const float row_d = a.row_d[r];
+      // Visible keys of this row, relative to the tile: [lo, hi).
+      int lo = 0, hi = 0;
+      if constexpr (kMasked) {
+        const int i = a.q0 + r;
+        if (i < a.seqlen_q) {
+          lo = max(a.mask.first_key(i), 0) - a.k0;
+          hi = min(a.mask.end_key(i), a.seqlen_k) - a.k0;
+        }
+      }
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) {
+        const int c = a.n0 + ni * 8 + 2 * a.t;  // key in the tile
+        float pv[2], dsv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = acc_s[mi][ni][half * 2 + e];
+          float s_log2, dcap = 1.0f;
+          if constexpr (kSoftcap) {
+            const float th = tanhf(x * a.scale_log2 * (1.0f / kLog2e) * a.inv_cap);
+            s_log2 = a.softcap * th * kLog2e;
+            dcap = 1.0f - th * th;
+          } else {
+            s_log2 = x * a.scale_log2;
+          }
+          float pr = fast_exp2(s_log2 - lse_log2);
+          if constexpr (kMasked) pr = (c + e >= lo && c + e < hi) ? pr : 0.0f;
+          pv[e] = pr;
+          dsv[e] = pr * (acc_dp[mi][ni][half * 2 + e] - row_d) * dcap;
+        }
+        *reinterpret_cast<uint32_t*>(sP + r * PS + c) = MmaType<T>::pack(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t*>(sdS + r * PS + c) = MmaType<T>::pack(dsv[0], dsv[1]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- kernel
+
+template <int D>
+struct SharedLayout {
+  using C = Config<D>;
+  static constexpr int kKV = C::kBlockN * C::kRowStride;  // elements, K or V
+  static constexpr int kP = C::kBlockM * C::kPStride;     // elements, P or dS
+  static constexpr int kQ = C::kBlockM * C::kRowStride;   // elements, Q or dO
+  // Bytes: K, V, P, dS, then per stage Q, dO (16-bit) and lse, D (f32).
+  static constexpr int kFixedBytes = 2 * (2 * kKV + 2 * kP);
+  static constexpr int kStageBytes = 2 * 2 * kQ + 2 * 4 * C::kBlockM;
+  static constexpr int bytes(int stages) { return kFixedBytes + stages * kStageBytes; }
+};
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_main_kernel(const AttentionParams p, const Workspace ws, int stages) {
+  using C = Config<D>;
+  using L = SharedLayout<D>;
+  constexpr int BM = C::kBlockM, BN = C::kBlockN, RS = C::kRowStride, PS = C::kPStride;
+  // Warp tiles of the three output shapes.
+  constexpr int kSdpWM = C::kSdpWarpsM, kSdpWN = kWarps / kSdpWM;
+  constexpr int kSdpMT = BM / kSdpWM / 16, kSdpNT = BN / kSdpWN / 8;
+  constexpr int kKvWM = C::kDkvWarpsM, kKvWN = kWarps / kKvWM;
+  constexpr int kKvMT = BN / kKvWM / 16, kKvNT = D / kKvWN / 8;
+  constexpr int kDqWM = C::kDqWarpsM, kDqWN = kWarps / kDqWM, kDqCols = D / C::kDqSplits;
+  constexpr int kDqMT = BM / kDqWM / 16, kDqNT = kDqCols / kDqWN / 8;
+  static_assert(kSdpMT >= 1 && kKvMT >= 1 && kDqMT >= 1, "warp tiles of at least 16 rows");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + L::kKV;
+  T* sP = sV + L::kKV;
+  T* sdS = sP + L::kP;
+  unsigned char* stage_base = smem + L::kFixedBytes;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n_tile = gridDim.x - 1 - blockIdx.x;  // highest key tile first (see NOTES)
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const SequenceInfo seq = sequence_info(p, b);
+  const int k0 = n_tile * BN;
+  if (k0 >= seq.seqlen_k) return;
+  const MaskPolicy mask = mask_for(p, seq);
+  const int kv_rows = min(BN, seq.seqlen_k - k0);
+  const bool varlen = p.is_varlen();
+  const int group = p.group_size();
+  const int m_begin = mask.query_begin(k0) / BM;
+  const int m_end = (mask.query_end(k0 + kv_rows) + BM - 1) / BM;
+  const int n_m = max(0, m_end - m_begin);
+  const int iters = n_m * group;
+
+  const T* gq = static_cast<const T*>(p.q);
+  const T* gdo = static_cast<const T*>(p.dout);
+  // K and V of this tile: loaded once.
+  load_rows_async<BN, D, RS>(sK,
+                             static_cast<const T*>(p.k) +
+                                 row_offset(b, seq.row_k, k0, hk, p.k_batch_stride,
+                                            p.k_row_stride, p.k_head_stride, varlen),
+                             p.k_row_stride, kv_rows, p.head_dim, tid);
+  load_rows_async<BN, D, RS>(sV,
+                             static_cast<const T*>(p.v) +
+                                 row_offset(b, seq.row_k, k0, hk, p.v_batch_stride,
+                                            p.v_row_stride, p.v_head_stride, varlen),
+                             p.v_row_stride, kv_rows, p.head_dim, tid);
+  cp_async_commit();
+
+  // Issues the loads of iteration `it` (query head, query tile) into `stage`.
+  auto load_stage = [&](int it, int stage) {
+    const int h = hk * group + it / n_m;
+    const int q0 = (m_begin + it % n_m) * BM;
+    const int rows = min(BM, seq.seqlen_q - q0);
+    unsigned char* base = stage_base + stage * L::kStageBytes;
+    T* sQ = reinterpret_cast<T*>(base);
+    T* sdO = sQ + L::kQ;
+    float* sLse = reinterpret_cast<float*>(sdO + L::kQ);
+    float* sD = sLse + BM;
+    load_rows_async<BM, D, RS>(
+        sQ, gq + row_offset(b, seq.row_q, q0, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride, varlen),
+        p.q_row_stride, rows, p.head_dim, tid);
+    load_rows_async<BM, D, RS>(
+        sdO, gdo + row_offset(b, seq.row_q, q0, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride, varlen),
+        p.do_row_stride, rows, p.head_dim, tid);
+    if (tid < BM) {
+      const bool valid = tid < rows;
+      const float* src = valid ? p.lse + lse_offset(p, b, seq.row_q, q0 + tid, h) : p.lse;
+      cp_async_4(smem_addr(sLse + tid), src, valid);
+    } else if (tid < 2 * BM) {
+      const int r = tid - BM;
+      const bool valid = r < rows;
+      const float* src = valid ? ws.row_d + static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + r : ws.row_d;
+      cp_async_4(smem_addr(sD + r), src, valid);
+    }
+  };
+
+  float acc_dk[kKvMT][kKvNT][4], acc_dv[kKvMT][kKvNT][4];
+  zero(acc_dk);
+  zero(acc_dv);
+
+  if (iters > 0) load_stage(0, 0);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const bool softcap = p.softcap > 0.0f;
+  const float inv_cap = softcap ? 1.0f / p.softcap : 0.0f;
+
+  // This warp's tile origins.
+  const int sdp_m0 = (warp / kSdpWN) * (BM / kSdpWM), sdp_n0 = (warp % kSdpWN) * (BN / kSdpWN);
+  const int kv_m0 = (warp / kKvWN) * (BN / kKvWM), kv_n0 = (warp % kKvWN) * (D / kKvWN);
+  const int dq_m0 = (warp / kDqWN) * (BM / kDqWM), dq_n0 = (warp % kDqWN) * (kDqCols / kDqWN);
+  const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aP = smem_addr(sP), adS = smem_addr(sdS);
+
+  for (int it = 0; it < iters; ++it) {
+    const int stage = stages == 2 ? (it & 1) : 0;
+    if (stages == 2) {
+      if (it + 1 < iters) {
+        load_stage(it + 1, (it + 1) & 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+    } else {
+      if (it > 0) {
+        load_stage(it, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const int h = hk * group + it / n_m;
+    const int m = m_begin + it % n_m;
+    const int q0 = m * BM;
+    unsigned char* base = stage_base + stage * L::kStageBytes;
+    T* sQ = reinterpret_cast<T*>(base);
+    T* sdO = sQ + L::kQ;
+    const float* sLse = reinterpret_cast<const float*>(sdO + L::kQ);
+    const float* sD = sLse + BM;
+    const uint32_t aQ = smem_addr(sQ), adO = smem_addr(sdO);
+
+    // S = Q K^T, dP = dO V^T.
+    {
+      float acc_s[kSdpMT][kSdpNT][4], acc_dp[kSdpMT][kSdpNT][4];
+      zero(acc_s);
+      zero(acc_dp);
+      warp_gemm<kSdpMT, kSdpNT, D, false, false, T>(acc_s, aQ + 2u * sdp_m0 * RS, RS,
+                                                    aK + 2u * sdp_n0 * RS, RS, lane);
+      warp_gemm<kSdpMT, kSdpNT, D, false, false, T>(acc_dp, adO + 2u * sdp_m0 * RS, RS,
+                                                    aV + 2u * sdp_n0 * RS, RS, lane);
+      // Masking and softcap are runtime options; the per-element code is
+      // specialized on both so an unmasked tile pays for neither.
+      const bool full = mask.tile_fully_visible(q0, q0 + BM, k0, k0 + BN);
+      const ScoreArgs sa{p.softcap, inv_cap, scale_log2, sLse, sD, sP, sdS, sdp_m0, sdp_n0,
+                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask};
+      if (full) {
+        if (softcap) scores_to_p_ds<false, true, PS, T>(acc_s, acc_dp, sa);
+        else scores_to_p_ds<false, false, PS, T>(acc_s, acc_dp, sa);
+      } else {
+        if (softcap) scores_to_p_ds<true, true, PS, T>(acc_s, acc_dp, sa);
+        else scores_to_p_ds<true, false, PS, T>(acc_s, acc_dp, sa);
+      }
+    }
+    __syncthreads();
+
+    // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (P, dS stored [query][key]),
+    // B = dO / Q (stored [query][dim]): both operands k-major.
+    warp_gemm<kKvMT, kKvNT, BM, true, true, T>(acc_dv, aP + 2u * kv_m0, PS, adO + 2u * kv_n0, RS, lane);
+    warp_gemm<kKvMT, kKvNT, BM, true, true, T>(acc_dk, adS + 2u * kv_m0, PS, aQ + 2u * kv_n0, RS, lane);
+
+    // dQ share = dS K: A = dS stored [query][key], B = K stored [key][dim];
+    // added into the f32 accumulator with atomics (rows of this sequence only).
+    {
+      float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
+      const int rows_valid = min(BM, seq.seqlen_q - q0);
+#pragma unroll
+      for (int split = 0; split < C::kDqSplits; ++split) {
+        const int col0 = split * kDqCols + dq_n0;
+        float acc_dq[kDqMT][kDqNT][4];
+        zero(acc_dq);
+        warp_gemm<kDqMT, kDqNT, BN, false, true, T>(acc_dq, adS + 2u * dq_m0 * PS, PS,
+                                                    aK + 2u * col0, RS, lane);
+        // Deterministic mode: the same atomics in a fixed order (see NOTES):
+        // wait for the next-higher key tile that sees this query tile to publish.
+        if (split == 0 && p.deterministic) wait_for_predecessor(p, ws, mask, b, h, m, n_tile, BM, BN, seq.seqlen_k);
+#pragma unroll
+        for (int mi = 0; mi < kDqMT; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = dq_m0 + mi * 16 + g + half * 8;
+            if (r < rows_valid) {
+#pragma unroll
+              for (int ni = 0; ni < kDqNT; ++ni) {
+                float* dst = dq_base + r * D + col0 + ni * 8 + 2 * t;
+#if __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2*>(dst),
+                          make_float2(acc_dq[mi][ni][half * 2], acc_dq[mi][ni][half * 2 + 1]));
+#else
+                atomicAdd(dst, acc_dq[mi][ni][half * 2]);
+                atomicAdd(dst + 1, acc_dq[mi][ni][half * 2 + 1]);
+#endif
+              }
+            }
+          }
+      }
+      if (p.deterministic) {
+        __threadfence();  // this CTA's adds are performed before the semaphore moves
+        __syncthreads();
+        if (tid == 0) st_release(dq_semaphore(p, ws, b, h, m), n_tile + 1);
+      }
+    }
+    __syncthreads();  // P, dS and this stage are overwritten next
+  }
+
+  // dK, dV: f32 registers -> 16-bit rows (columns < head_dim, keys < kv_rows).
+  T* gdk = static_cast<T*>(p.dk) + row_offset(b, seq.row_k, k0, hk, p.dk_batch_stride,
+                                              p.dk_row_stride, p.dk_head_stride, varlen);
+  T* gdv = static_cast<T*>(p.dv) + row_offset(b, seq.row_k, k0, hk, p.dv_batch_stride,
+                                              p.dv_row_stride, p.dv_head_stride, varlen);
+#pragma unroll
+  for (int mi = 0; mi < kKvMT; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = kv_m0 + mi * 16 + g + half * 8;
+      if (r < kv_rows) {
+#pragma unroll
+        for (int ni = 0; ni < kKvNT; ++ni) {
+          const int c = kv_n0 + ni * 8 + 2 * t;
+          if (c < p.head_dim) {
+            *reinterpret_cast<uint32_t*>(gdk + r * p.dk_row_stride + c) = MmaType<T>::pack(
+                acc_dk[mi][ni][half * 2] * p.scale, acc_dk[mi][ni][half * 2 + 1] * p.scale);
+            *reinterpret_cast<uint32_t*>(gdv + r * p.dv_row_stride + c) =
+                MmaType<T>::pack(acc_dv[mi][ni][half * 2], acc_dv[mi][ni][half * 2 + 1]);
+          }
+        }
+      }
+    }
+}
+
+template <int D, typename T>
+fa_status run_main(const AttentionParams& p, const Workspace& ws) {
+  using C = Config<D>;
+  int device = 0, optin = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  const int stages = SharedLayout<D>::bytes(2) <= optin ? 2 : 1;
+  const int bytes = SharedLayout<D>::bytes(stages);
+  if (bytes > optin) {
+    return fail(FA_ERROR_UNSUPPORTED, "the backward kernel for head dim " + std::to_string(D) +
+                                          " needs " + std::to_string(bytes) +
+                                          " bytes of shared memory; the device has " +
+                                          std::to_string(optin));
+  }
+  auto kernel = backward_main_kernel<D, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) {
+    return fail(FA_ERROR_DEVICE, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err));
+  }
+  const dim3 grid((p.seqlen_k + C::kBlockN - 1) / C::kBlockN, p.heads_kv, p.batch);
+  if (grid.x == 0 || grid.z == 0) return FA_OK;
+  kernel<<<grid, kThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p, ws, stages);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return fail(FA_ERROR_DEVICE, std::string("backward kernel launch: ") + cudaGetErrorString(err));
+  }
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::bwd

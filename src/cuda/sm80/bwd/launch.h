@@ -1,0 +1,29 @@
+// What the sm80 backward's pieces provide to its dispatcher (api.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "core/params.h"
+
+namespace flashattn::cuda::bwd {
+
+// Device scratch of one backward call, carved from the workspace by api.cu.
+struct Workspace {
+  float* row_d = nullptr;     // D = rowsum(dO * O): [heads_q][total_q]
+  float* dq_accum = nullptr;  // dQ in f32: [heads_q][total_q][kernel head dim]
+  int* dq_sem = nullptr;      // deterministic mode: [batch][heads_q][q_tiles], zeroed
+  int q_tiles = 0;            // query tiles per sequence (of the longest)
+  int accum_dim = 0;          // kernel head dim (row length of dq_accum)
+};
+
+// Main kernel for one kernel head dim and dtype (T = __half or __nv_bfloat16).
+template <int D, typename T>
+fa_status run_main(const AttentionParams& p, const Workspace& ws);
+
+// D = rowsum(dO * O) and zeroed dQ accumulator; dQ accumulator -> dq.
+template <typename T>
+fa_status run_prepass(const AttentionParams& p, const Workspace& ws);
+template <typename T>
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws);
+
+}  // namespace flashattn::cuda::bwd
