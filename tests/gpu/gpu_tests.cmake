@@ -4,6 +4,10 @@ file(GLOB FLASHATTN_GPU_TESTS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/test_*
 foreach(src ${FLASHATTN_GPU_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${src})
+  # A suite may carry device code in <name>_kernels.cu beside it.
+  if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/${name}_kernels.cu)
+    target_sources(${name} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/${name}_kernels.cu)
+  endif()
   target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_LIST_DIR})
   target_link_libraries(${name} PRIVATE flashattn_testing CUDA::cudart GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS gpu TIMEOUT 900)

@@ -6,6 +6,7 @@
 #include "core/backends.h"
 #include "core/error.h"
 #include "cuda/sm80/fwd/launch.h"
+#include "cuda/sm90/fwd/api.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -25,6 +26,9 @@ fa_status dispatch_head_dim(const AttentionParams& p) {
 }  // namespace
 
 fa_status forward(const AttentionParams& p) {
+  // Hopper kernel first where it applies (FLASHATTN_DISABLE_SM90=1 forces sm80).
+  if (sm90::can_run_forward(p))
+    if (const fa_status s = sm90::run_forward(p); s != FA_ERROR_UNSUPPORTED) return s;
   switch (p.dtype) {
     case FA_F16: return dispatch_head_dim<__half>(p);
     case FA_BF16: return dispatch_head_dim<__nv_bfloat16>(p);

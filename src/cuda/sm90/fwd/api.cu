@@ -1,0 +1,58 @@
+// Dispatch of the Hopper forward: which params it takes, and the head-dim /
+// dtype switch.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/sm90/fwd/api.h"
+#include "cuda/sm90/fwd/launch.h"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+bool disabled_by_env() {
+  const char* v = std::getenv("FLASHATTN_DISABLE_SM90");
+  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
+
+bool is_sm90(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  // sm_90a code runs on 9.0 only (not on later majors).
+  return major == 9 && minor == 0;
+}
+
+}  // namespace
+
+bool supports_forward(const AttentionParams& p) {
+  if (p.dtype != FA_F16 && p.dtype != FA_BF16) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.batch <= 0 || p.heads_q <= 0 || p.heads_kv <= 0 || p.total_q <= 0 || p.total_k <= 0)
+    return false;
+  // TMA: global strides must be 16-byte multiples and the base 16-byte aligned
+  // (check_forward enforces both for q/k/v/out); coordinates are int32.
+  if (p.total_q >= (1ll << 31) || p.total_k >= (1ll << 31)) return false;
+  return is_sm90(p.device_index);
+}
+
+bool can_run_forward(const AttentionParams& p) { return !disabled_by_env() && supports_forward(p); }
+
+fa_status run_forward(const AttentionParams& p) {
+  const bool bf16 = p.dtype == FA_BF16;
+  switch (p.head_dim) {
+    case 64: return bf16 ? launch_forward<64, __nv_bfloat16>(p) : launch_forward<64, __half>(p);
+    case 128: return bf16 ? launch_forward<128, __nv_bfloat16>(p) : launch_forward<128, __half>(p);
+    case 256: return bf16 ? launch_forward<256, __nv_bfloat16>(p) : launch_forward<256, __half>(p);
+    default:
+      return fail(FA_ERROR_UNSUPPORTED,
+                  "sm90 forward: no kernel for head_dim " + std::to_string(p.head_dim));
+  }
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,22 @@
+// The Hopper (sm_90a) forward: wgmma + TMA + warp specialization. The sm80
+// forward calls can_run_forward() first and falls back to its own kernels when
+// it says no (other GPUs, head dims it has no kernel for, tensors TMA cannot
+// describe) or when run_forward returns FA_ERROR_UNSUPPORTED.
+#pragma once
+
+#include "core/params.h"
+
+namespace flashattn::cuda::sm90 {
+
+// True when the device of p is compute capability 9.0 and p is a shape/dtype
+// this kernel handles (f16/bf16, head_dim 64/128/256, non-empty).
+bool supports_forward(const AttentionParams& p);
+
+// supports_forward(p), unless the environment variable FLASHATTN_DISABLE_SM90
+// is set to a non-zero value (forces the sm80 kernels: tests, benchmarks).
+bool can_run_forward(const AttentionParams& p);
+
+// Launches on p.stream. FA_ERROR_UNSUPPORTED means "use the fallback".
+fa_status run_forward(const AttentionParams& p);
+
+}  // namespace flashattn::cuda::sm90

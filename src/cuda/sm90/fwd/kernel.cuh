@@ -1,0 +1,524 @@
+// The Hopper forward kernel (FlashAttention-3's structure, our implementation).
+//
+// One persistent CTA per SM walks query tiles (128 rows of one head of one
+// sequence). Warpgroup 0 is the producer: one thread issues TMA loads of Q and
+// of K/V tiles into a kStages-deep ring (full/empty mbarriers per stage; K and
+// V have separate barriers because S = Q K^T needs K before P V needs V).
+// Warpgroups 1 and 2 are consumers, 64 query rows each: S = Q K^T with wgmma
+// from shared memory, online softmax in registers (masking with the shared
+// MaskPolicy, softcap), O += P V with wgmma taking P from registers.
+// The epilogue normalizes O, stores it straight from registers (rows past the
+// sequence are never written, which keeps variable-length batches safe) and
+// writes the logsumexp.
+//
+// Shared memory (1024-byte aligned, 128B-swizzled as TMA writes it and wgmma's
+// SW128 descriptors read it): a tile of R rows x d columns is d/64 column blocks
+// of R rows x 128 bytes.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "core/mask.h"
+#include "core/params.h"
+#include "cuda/sm90/arch.h"
+#include "cuda/sm90/fwd/launch.h"
+#include "cuda/sm90/fwd/tuning.h"
+#include "cuda/sm90/sync.h"
+#include "cuda/sm90/tma.h"
+#include "cuda/sm90/wgmma.h"
+
+namespace flashattn::cuda::sm90 {
+
+struct FwdArgs {
+  int num_m_blocks;   // query tiles per (sequence, head), from the longest sequence
+  int num_tiles;      // num_m_blocks * heads_q * batch
+  float scale_log2;   // logit_scale * log2(e): exp(x) = exp2(x * log2 e)
+  float logit_scale;  // logits = S * logit_scale after the optional tanh
+  float softcap_in;   // 0: no softcap; else S -> tanh(S * softcap_in), softcap_in = scale / softcap
+};
+
+template <int D, typename T>
+struct FwdTraits {
+  using Tune = ForwardTuning<D>;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = Tune::kBlockN;
+  static constexpr int kStages = Tune::kStages;
+  static constexpr int kConsumers = 2;  // warpgroups of 64 rows
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kColBlocks = D / 64;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQBytes;
+  static constexpr int kVOff = kKOff + kStages * kKVBytes;
+  static constexpr int kBarOff = kVOff + kStages * kKVBytes;
+  static constexpr int kNumBars = 2 + 4 * kStages;
+  // + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
+  static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
+  static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
+  static_assert(kBlockN % 16 == 0, "kBlockN is the K of P V: a multiple of 16");
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
+  // Barrier ids for the ping-pong (0 is __syncthreads).
+  static constexpr uint32_t kTurnBarrier0 = 1;
+};
+
+// What one tile of the persistent walk covers. Producer and consumers compute
+// it identically, so they agree on which tiles carry loads.
+struct TileWork {
+  SequenceInfo seq;
+  int b, h, m0;
+  int n_begin, n_end;  // K/V tile range [n_begin, n_end), walked from n_end - 1 down
+  bool valid;          // m0 < seqlen_q of this sequence
+};
+
+// NOTES: tiles are ordered (batch, head) outer and query tile inner, heaviest
+// (last, for bottom-right causal) first within a head: the ~132 CTAs in flight
+// then share a handful of heads, whose K/V stay in L2 (ordering heads inner
+// makes every CTA stream a different head's K/V from HBM), and the long causal
+// tiles start early instead of forming a tail.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const FwdArgs& a, int t) {
+  TileWork w;
+  const int bh = t / a.num_m_blocks;
+  const int mb = a.num_m_blocks - 1 - (t - bh * a.num_m_blocks);
+  w.b = bh / p.heads_q;
+  w.h = bh - w.b * p.heads_q;
+  w.seq = sequence_info(p, w.b);
+  w.m0 = mb * kBlockM;
+  w.valid = w.m0 < w.seq.seqlen_q;
+  w.n_begin = w.n_end = 0;
+  if (w.valid) {
+    const MaskPolicy mask = mask_for(p, w.seq);
+    const int rows_end = min(w.m0 + kBlockM, w.seq.seqlen_q);
+    const int kb = mask.key_begin(w.m0), ke = mask.key_end(rows_end);
+    w.n_begin = kb / kBlockN;
+    w.n_end = ke > kb ? (ke + kBlockN - 1) / kBlockN : w.n_begin;
+  }
+  return w;
+}
+
+template <typename T>
+struct Pack2;
+template <>
+struct Pack2<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+template <>
+struct Pack2<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+
+// One online-softmax step on a warpgroup's S fragment (2 rows per thread):
+// new row max, correction factor for the old O and l, P = exp(S - max) in place.
+template <int kN>
+__device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], float (&l)[2],
+                                               float (&corr)[2], float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int i = 0; i < kN / 4; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    // A row that has seen no visible key keeps max -inf: subtract 0 instead so
+    // exp2(-inf - 0) = 0 rather than NaN.
+    const float ms = mx == -INFINITY ? 0.0f : mx * scale_log2;
+    corr[r] = exp2f(m[r] * scale_log2 - ms);
+    m[r] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kN / 4; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = exp2f(fmaf(s[4 * i + 2 * r + e], scale_log2, -ms));
+        s[4 * i + 2 * r + e] = v;
+        sum += v;
+      }
+    }
+    // Per-thread partial sums; the quad reduction happens once, in the epilogue.
+    l[r] = l[r] * corr[r] + sum;
+  }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                   const __grid_constant__ CUtensorMap tma_k,
+                   const __grid_constant__ CUtensorMap tma_v,
+                   const __grid_constant__ AttentionParams p, const FwdArgs a) {
+#if FLASHATTN_SM90_DEVICE
+  using K = FwdTraits<D, T>;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  T* sQ = reinterpret_cast<T*>(smem + K::kQOff);
+  T* sK = reinterpret_cast<T*>(smem + K::kKOff);
+  T* sV = reinterpret_cast<T*>(smem + K::kVOff);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
+  uint64_t* full_q = bars;
+  uint64_t* empty_q = bars + 1;
+  uint64_t* full_k = bars + 2;
+  uint64_t* empty_k = full_k + kStages;
+  uint64_t* full_v = empty_k + kStages;
+  uint64_t* empty_v = full_v + kStages;
+  constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    mbar_init(full_q, 1);
+    mbar_init(empty_q, kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_k[s], kConsumerWarps);
+      mbar_init(&empty_v[s], kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&tma_q);
+      tma_prefetch_map(&tma_k);
+      tma_prefetch_map(&tma_v);
+      const bool varlen = p.is_varlen();
+      const int group = p.heads_q / p.heads_kv;
+      uint32_t q_phase = 0;
+      int it = 0;
+      for (int t = blockIdx.x; t < a.num_tiles; t += gridDim.x) {
+        const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
+        if (!w.valid || w.n_end <= w.n_begin) continue;
+        const int bq = varlen ? 0 : w.b;
+        const int row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
+        const int row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
+        const int hk = w.h / group;
+        mbar_wait(empty_q, q_phase ^ 1);
+        mbar_arrive_expect_tx(full_q, K::kQBytes);
+#pragma unroll
+        for (int c = 0; c < K::kColBlocks; ++c)
+          tma_load_4d(sQ + c * kBlockM * 64, &tma_q, full_q, c * 64, row_q, w.h, bq);
+        q_phase ^= 1;
+        for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
+          const int s = it % kStages;
+          const uint32_t ph = (it / kStages) & 1;
+          const int row_k = row_k0 + n * kBlockN;
+          mbar_wait(&empty_k[s], ph ^ 1);
+          mbar_arrive_expect_tx(&full_k[s], K::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < K::kColBlocks; ++c)
+            tma_load_4d(sK + (s * K::kColBlocks + c) * kBlockN * 64, &tma_k, &full_k[s], c * 64,
+                        row_k, hk, bq);
+          mbar_wait(&empty_v[s], ph ^ 1);
+          mbar_arrive_expect_tx(&full_v[s], K::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < K::kColBlocks; ++c)
+            tma_load_4d(sV + (s * K::kColBlocks + c) * kBlockN * 64, &tma_v, &full_v[s], c * 64,
+                        row_k, hk, bq);
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------ consumers
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63 of the tile
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32, lane = tid % 32;
+    const bool varlen = p.is_varlen();
+    constexpr bool kPingPong = K::Tune::kPingPong;
+    constexpr uint32_t kTurnThreads = 256;
+    const uint32_t my_turn = K::kTurnBarrier0 + cw, other_turn = K::kTurnBarrier0 + (1 - cw);
+    // Ping-pong: warpgroup 0 issues first; warpgroup 1 hands it the first turn.
+    if (kPingPong && cw == 1) named_arrive(K::kTurnBarrier0, kTurnThreads);
+
+    const uint32_t q_base = smem_addr(sQ) + cw * 64 * 128;
+    const uint32_t k_base = smem_addr(sK);
+    const uint32_t v_base = smem_addr(sV);
+    auto desc_q = [&](int kk) {
+      return make_smem_desc_sw128(q_base + (kk / 4) * kBlockM * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto desc_k = [&](int s, int kk) {
+      return make_smem_desc_sw128(
+          k_base + s * K::kKVBytes + (kk / 4) * kBlockN * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto desc_v = [&](int s, int kt) {
+      return make_smem_desc_sw128(v_base + s * K::kKVBytes + kt * 16 * 128, kBlockN * 128, 1024);
+    };
+
+    uint32_t q_phase = 0;
+    int it = 0;
+    for (int t = blockIdx.x; t < a.num_tiles; t += gridDim.x) {
+      const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
+      if (!w.valid) continue;
+      const MaskPolicy mask = mask_for(p, w.seq);
+      const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
+      const int rows_end = min(w.m0 + kBlockM, w.seq.seqlen_q);
+
+      float o[D / 2];
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+      if (w.n_end > w.n_begin) {
+        mbar_wait(full_q, q_phase);
+        q_phase ^= 1;
+
+        float sc[kBlockN / 2];
+        uint32_t pa[kBlockN / 16][4];
+
+        // S = Q K(n)^T into sc (issue only).
+        auto issue_s = [&](int s) {
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk)
+            WgmmaSS<kBlockN, T>::run(sc, desc_q(kk), desc_k(s, kk), kk > 0 ? 1 : 0);
+          wgmma_commit();
+        };
+        // O += P V(s) (issue only).
+        auto issue_pv = [&](int s) {
+          wgmma_fence();
+#pragma unroll
+          for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
+          wgmma_commit();
+        };
+        // Softcap, mask and online softmax of sc for key tile n; returns the
+        // correction for O in corr.
+        auto softmax = [&](int n, float (&corr)[2]) {
+          if (a.softcap_in != 0.0f) {
+#pragma unroll
+            for (int i = 0; i < kBlockN / 2; ++i) sc[i] = tanhf(sc[i] * a.softcap_in);
+          }
+          const int n0 = n * kBlockN;
+          if (!mask.tile_fully_visible(w.m0, rows_end, n0, n0 + kBlockN)) {
+#pragma unroll
+            for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int row = row0 + 8 * (e >> 1);
+                const int col = n0 + 8 * i + 2 * (lane % 4) + (e & 1);
+                if (!mask.visible(row, col)) sc[4 * i + e] = -INFINITY;
+              }
+            }
+          }
+          online_softmax(sc, m, l, corr, a.scale_log2);
+        };
+        auto rescale_o = [&](const float (&corr)[2]) {
+#pragma unroll
+          for (int i = 0; i < D / 8; ++i) {
+            o[4 * i + 0] *= corr[0];
+            o[4 * i + 1] *= corr[0];
+            o[4 * i + 2] *= corr[1];
+            o[4 * i + 3] *= corr[1];
+          }
+        };
+        auto convert_p = [&]() {
+#pragma unroll
+          for (int kt = 0; kt < kBlockN / 16; ++kt) {
+            pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
+            pa[kt][1] = pack2<T>(sc[8 * kt + 2], sc[8 * kt + 3]);
+            pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
+            pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
+          }
+        };
+        auto release = [&](uint64_t* bar) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar);
+        };
+
+        if constexpr (K::Tune::kIntraWgOverlap) {
+          // Prologue: S and P of the first (highest) key tile.
+          int n = w.n_end - 1;
+          int s = it % kStages;
+          uint32_t ph = (it / kStages) & 1;
+          mbar_wait(&full_k[s], ph);
+          if (kPingPong) named_sync(my_turn, kTurnThreads);
+          issue_s(s);
+          if (kPingPong) named_arrive(other_turn, kTurnThreads);
+          wgmma_wait<0>();
+          fence_operands(sc);
+          release(&empty_k[s]);
+          if (n == w.n_begin) release(empty_q);
+          {
+            float corr[2];
+            softmax(n, corr);
+          }
+          convert_p();
+          // Steady state: S(n) runs on the tensor cores with P(n+1) V(n+1)
+          // while the previous wait/softmax finishes; softmax(n) overlaps P V.
+          for (--n; n >= w.n_begin; --n) {
+            const int s_prev = s;
+            const uint32_t ph_prev = ph;
+            ++it;
+            s = it % kStages;
+            ph = (it / kStages) & 1;
+            mbar_wait(&full_k[s], ph);
+            mbar_wait(&full_v[s_prev], ph_prev);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            issue_s(s);
+            issue_pv(s_prev);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<1>();
+            fence_operands(sc);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(empty_q);
+            float corr[2];
+            softmax(n, corr);
+            wgmma_wait<0>();
+            fence_operands(o);
+            fence_operands(pa);
+            release(&empty_v[s_prev]);
+            rescale_o(corr);
+            convert_p();
+          }
+          // Last P V.
+          mbar_wait(&full_v[s], ph);
+          if (kPingPong) named_sync(my_turn, kTurnThreads);
+          fence_operands(o);
+          fence_operands(pa);
+          issue_pv(s);
+          if (kPingPong) named_arrive(other_turn, kTurnThreads);
+          wgmma_wait<0>();
+          fence_operands(o);
+          release(&empty_v[s]);
+          ++it;
+        } else {
+          for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
+            const int s = it % kStages;
+            const uint32_t ph = (it / kStages) & 1;
+            mbar_wait(&full_k[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            issue_s(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(sc);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(empty_q);
+            float corr[2];
+            softmax(n, corr);
+            rescale_o(corr);
+            convert_p();
+            mbar_wait(&full_v[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            issue_pv(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(o);
+            release(&empty_v[s]);
+          }
+        }
+      }
+
+      // ---------------------------------------------------------- epilogue
+      // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
+      float inv[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        l[r] = sum;
+        inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+      }
+      using T2 = typename Pack2<T>::type;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row >= w.seq.seqlen_q) continue;
+        T* orow = static_cast<T*>(p.out) + row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
+                                                      p.o_row_stride, p.o_head_stride, varlen);
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          *reinterpret_cast<T2*>(orow + 8 * i + 2 * (lane % 4)) =
+              Pack2<T>::make(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        }
+        if (p.lse != nullptr && lane % 4 == 0) {
+          p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
+              l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
+        }
+      }
+    }
+    // Balance the ping-pong: warpgroup 1's last hand-over to warpgroup 0 is
+    // consumed here, so no arrival is left pending on a hardware barrier.
+    if (kPingPong && cw == 0) named_sync(K::kTurnBarrier0, kTurnThreads);
+  }
+#endif
+}
+
+template <int D, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  using K = FwdTraits<D, T>;
+  if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim mismatch");
+  const bool varlen = p.is_varlen();
+  // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  // A size-1 dimension's stride is irrelevant but must be a valid (16-byte
+  // multiple, non-zero) value: use the row stride there.
+  auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
+                      int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                      uint32_t box_rows) {
+    const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(rows),
+                              static_cast<uint64_t>(heads),
+                              static_cast<uint64_t>(varlen ? 1 : p.batch)};
+    const int64_t hs = heads == 1 ? row_stride : head_stride;
+    const int64_t bs = (varlen || p.batch == 1) ? row_stride : batch_stride;
+    const uint64_t strides[3] = {static_cast<uint64_t>(row_stride) * 2,
+                                 static_cast<uint64_t>(hs) * 2, static_cast<uint64_t>(bs) * 2};
+    const uint32_t box[4] = {64, box_rows, 1, 1};
+    return make_tma_map_4d(map, base, p.dtype, dims, strides, box);
+  };
+  CUtensorMap mq, mk, mv;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
+  FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
+                              p.q_batch_stride, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_map(&mk, p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride,
+                              p.k_batch_stride, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_map(&mv, p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride,
+                              p.v_batch_stride, K::kBlockN));
+
+  FwdArgs a;
+  a.num_m_blocks = (p.seqlen_q + K::kBlockM - 1) / K::kBlockM;
+  const int64_t tiles = static_cast<int64_t>(a.num_m_blocks) * p.heads_q * p.batch;
+  if (tiles == 0) return FA_OK;
+  if (tiles > (1ll << 30)) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: too many tiles");
+  a.num_tiles = static_cast<int>(tiles);
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (p.softcap > 0.0f) {
+    a.softcap_in = p.scale / p.softcap;
+    a.logit_scale = p.softcap;
+  } else {
+    a.softcap_in = 0.0f;
+    a.logit_scale = p.scale;
+  }
+  a.scale_log2 = a.logit_scale * kLog2e;
+
+  int sms = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
+  auto kernel = forward_kernel<D, T>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
+  const int grid = static_cast<int>(tiles < sms ? tiles : sms);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mk, mv, p, a);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward launch: ") + cudaGetErrorString(err));
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::sm90

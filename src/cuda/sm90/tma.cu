@@ -1,0 +1,62 @@
+// Tensor-map creation through the driver entry point fetched by the runtime
+// (cudaGetDriverEntryPointByVersion), so the library does not link libcuda.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/sm90/tma.h"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled() {
+  static EncodeTiled fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    // 12000: the ABI of cuTensorMapEncodeTiled as introduced in CUDA 12.0.
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<EncodeTiled>(p);
+    } else {
+      cudaGetLastError();
+    }
+  });
+  return fn;
+}
+
+}  // namespace
+
+fa_status make_tma_map_4d(CUtensorMap* map, const void* base, fa_dtype dtype,
+                          const uint64_t dims[4], const uint64_t strides_bytes[3],
+                          const uint32_t box[4]) {
+  EncodeTiled fn = encode_tiled();
+  if (fn == nullptr) return fail(FA_ERROR_UNSUPPORTED, "cuTensorMapEncodeTiled is not available");
+  const cuuint64_t d[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t s[3] = {strides_bytes[0], strides_bytes[1], strides_bytes[2]};
+  const cuuint32_t b[4] = {box[0], box[1], box[2], box[3]};
+  const cuuint32_t e[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType t =
+      dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // NOTES: L2 promotion 256B: K/V tiles are re-read by every query tile of a
+  // head, so wider L2 fills pay off.
+  CUresult r = fn(map, t, 4, const_cast<void*>(base), d, s, b, e, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return fail(FA_ERROR_UNSUPPORTED, "cuTensorMapEncodeTiled rejected the tensor (error " +
+                                          std::to_string(static_cast<int>(r)) + ")");
+  }
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::sm90

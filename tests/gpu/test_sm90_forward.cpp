@@ -1,0 +1,169 @@
+// The Hopper (sm_90a) forward kernel against the fp64 reference. The kernel is
+// called directly (sm90::run_forward on params built by the library's own
+// validation), so a pass cannot come from the sm80 fallback; skipped unless the
+// GPU is compute capability 9.0. Also: run-to-run bitwise stability, and the
+// public fa_forward choosing this kernel (same bits) unless
+// FLASHATTN_DISABLE_SM90 is set.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "common/harness.h"
+#include "common/suites.h"
+#include "core/validate.h"
+#include "cuda/sm90/fwd/api.h"
+#include "device.h"
+
+namespace flashattn::testing {
+namespace {
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
+#define FA_REQUIRE_SM90()                                                     \
+  do {                                                                        \
+    FA_REQUIRE_GPU();                                                         \
+    if (!device_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU"; \
+  } while (0)
+
+struct ForwardRun {
+  HostTensor out, lse;
+};
+
+enum class Path { kSm90Direct, kPublicApi };
+
+::testing::AssertionResult run_forward(const Problem& p, bool with_lse, Path path, ForwardRun& r) {
+  DeviceProblem d(p);
+  HostTensor out = p.poisoned_like_q();
+  HostTensor lse = p.poisoned_lse();
+  DeviceTensor dout = DeviceTensor::upload(out);
+  DeviceTensor dlse = DeviceTensor::upload(lse);
+  const fa_options o = d.options();
+  fa_status s;
+  if (path == Path::kSm90Direct) {
+    AttentionParams params;
+    const ForwardArgs args{&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc,
+                           with_lse ? &dlse.desc : nullptr, d.varlen_ptr(), &o};
+    s = make_forward_params(args, &params);
+    if (s != FA_OK) return ::testing::AssertionFailure() << "params: " << fa_last_error();
+    if (!cuda::sm90::supports_forward(params))
+      return ::testing::AssertionFailure() << "sm90::supports_forward said no";
+    s = cuda::sm90::run_forward(params);
+  } else {
+    s = fa_forward(&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc, with_lse ? &dlse.desc : nullptr,
+                   d.varlen_ptr(), &o);
+  }
+  if (s != FA_OK) return ::testing::AssertionFailure() << fa_status_string(s) << ": " << fa_last_error();
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
+  r.out = dout.download(out);
+  r.lse = dlse.download(lse);
+  return ::testing::AssertionSuccess();
+}
+
+class Sm90Forward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Sm90Forward, MatchesFloat64Reference) {
+  FA_REQUIRE_SM90();
+  const Problem p = make_problem(GetParam());
+  ForwardRun r;
+  ASSERT_TRUE(run_forward(p, true, Path::kSm90Direct, r));
+  const Expected e = expected_forward(p);
+  const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
+  EXPECT_TRUE(co.ok) << co.describe("out");
+  const Comparison cl = compare_lse(r.lse, e.exact.lse, e.naive.lse, 1e-4);
+  EXPECT_TRUE(cl.ok) << cl.describe("lse");
+}
+
+// Same inputs twice: bitwise the same output and lse; the lse-less run writes
+// the same output; fa_forward (the public entry) gives the same bits, i.e. it
+// dispatched here, unless FLASHATTN_DISABLE_SM90 asks for the sm80 kernel.
+TEST_P(Sm90Forward, BitwiseStableAndDispatched) {
+  FA_REQUIRE_SM90();
+  const Problem p = make_problem(GetParam());
+  ForwardRun a, b, c, api;
+  ASSERT_TRUE(run_forward(p, true, Path::kSm90Direct, a));
+  ASSERT_TRUE(run_forward(p, true, Path::kSm90Direct, b));
+  ASSERT_TRUE(run_forward(p, false, Path::kSm90Direct, c));
+  EXPECT_EQ(a.out.bytes, b.out.bytes);
+  EXPECT_EQ(a.lse.bytes, b.lse.bytes);
+  EXPECT_EQ(a.out.bytes, c.out.bytes);
+  const char* off = std::getenv("FLASHATTN_DISABLE_SM90");
+  if (off == nullptr || off[0] == '\0' || (off[0] == '0' && off[1] == '\0')) {
+    ASSERT_TRUE(run_forward(p, true, Path::kPublicApi, api));
+    EXPECT_EQ(a.out.bytes, api.out.bytes);
+    EXPECT_EQ(a.lse.bytes, api.lse.bytes);
+  }
+}
+
+// FLASHATTN_SM90_TEST_SMALL=1 keeps only a few cases (for compute-sanitizer).
+bool small_only() {
+  const char* v = std::getenv("FLASHATTN_SM90_TEST_SMALL");
+  return v != nullptr && v[0] == '1';
+}
+
+std::vector<Case> sm90_suite() {
+  if (small_only()) {
+    std::vector<Case> cases;
+    uint64_t seed = 500;
+    for (int d : {64, 128, 256}) {
+      Case c = make_case(FA_BF16, 150, 200, d, seed++);
+      c.causal = true;
+      cases.push_back(c);
+    }
+    Case c = make_case(FA_F16, 0, 0, 64, seed++);
+    c.varlen_q = {7, 0, 130, 1};
+    c.varlen_k = {9, 5, 203, 1};
+    c.heads_q = 4;
+    cases.push_back(c);
+    return cases;
+  }
+  std::vector<Case> cases = attention_suite({FA_F16, FA_BF16}, {64, 128, 256}, true);
+  // Several K/V tiles (partial last one), windows narrower than a tile, GQA +
+  // varlen, more query tiles than SMs-worth of work per head.
+  uint64_t seed = 2000;
+  for (fa_dtype dt : {FA_BF16, FA_F16}) {
+    for (int d : {64, 128, 256}) {
+      Case c = make_case(dt, 300, 517, d, seed++);
+      cases.push_back(c);
+      c.causal = true;
+      cases.push_back(c);
+      c.causal = false;
+      c.window_left = 70;
+      c.window_right = 5;
+      cases.push_back(c);
+      c.window_left = -1;
+      c.window_right = -1;
+      c.softcap = 3.0f;
+      c.causal = true;
+      cases.push_back(c);
+    }
+    Case c = make_case(dt, 0, 0, 128, seed++);
+    c.varlen_q = {130, 1, 257, 64, 0};
+    c.varlen_k = {300, 77, 257, 129, 3};
+    c.heads_q = 6;
+    c.heads_kv = 2;
+    c.causal = true;
+    cases.push_back(c);
+    Case big = make_case(dt, 600, 600, 128, seed++);
+    big.batch = 2;
+    big.heads_q = 20;  // 2 * 20 * 5 = 200 query tiles: more than one per persistent CTA
+    big.heads_kv = 4;
+    big.causal = true;
+    cases.push_back(big);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, Sm90Forward, ::testing::ValuesIn(sm90_suite()),
+                         [](const auto& info) { return info.param.name(); });
+
+}  // namespace
+}  // namespace flashattn::testing
