@@ -332,3 +332,15 @@ def test_capi_does_not_import_torch():
                        env=dict(os.environ, FLASHATTN_LIBRARY=flashattn.library_path()),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_num_threads_does_not_change_results(rng):
+    q, k, v = make_qkv(rng, 2, 65, 65, 4, 2, 64)
+    outs = []
+    for n in (1, 0):
+        out = np.empty_like(q)
+        _capi.forward(q, k, v, out, causal=True, num_threads=n)
+        outs.append(out)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="num_threads must be >= 0"):
+        _capi.forward(q, k, v, np.empty_like(q), num_threads=-1)

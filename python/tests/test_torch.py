@@ -345,3 +345,14 @@ def test_dlpack_input(gen):
     out = torch.empty_like(q)
     _capi.forward(DL(q), DL(q), DL(q), DL(out))
     torch.testing.assert_close(out.double(), ref_attention(q, q, q)[0], rtol=2e-2, atol=2e-2)
+
+
+def test_deterministic_backward_is_bitwise_reproducible(gen):
+    q, k, v = leaf(2, 70, 4, 64, gen=gen), leaf(2, 90, 2, 64, gen=gen), leaf(2, 90, 2, 64, gen=gen)
+    dout = torch.randn(2, 70, 4, 64, generator=gen)
+    runs = []
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    for a, b_ in zip(*runs):
+        assert torch.equal(a, b_)
