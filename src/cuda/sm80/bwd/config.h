@@ -42,8 +42,13 @@ struct Config {
   static constexpr int kSdpWarpsM = kBlockN == 128 ? 2 : 4;
   static constexpr int kDkvWarpsM = 4;
   static constexpr int kDqWarpsM = (D / 8) % 16 == 0 && D != 256 ? 2 : 4;
-  // dQ in column slices of D / kDqSplits: D 256 holds dK+dV in 128 registers
-  // already, and a whole 64x256 f32 dQ tile (64 more) spills.
+  // S and dP in column slices of the warp tile, each turned into P and dS
+  // before the next: at D 128 the dK+dV accumulators (128 regs) plus whole S
+  // and dP warp tiles (64) spilled in the inner loop (ptxas: 68 B); halves hold
+  // 32 and do not spill, for one more read of the Q/dO fragments per slice.
+  static constexpr int kSdpSplits = D == 128 ? 2 : 1;
+  // dQ in column slices of D / kDqSplits: at D 256 dK+dV take 128 registers
+  // and a whole 64x256 f32 dQ tile (64 more) spilled.
   static constexpr int kDqSplits = D == 256 ? 2 : 1;
   // Shared-memory rows are padded by one 16-byte chunk: a row of C chunks then
   // starts C+1 chunks after the previous one, and with C+1 odd the 8 rows an

@@ -138,6 +138,29 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
                "r"(valid ? 4 : 0));
 }
 
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
+
+// dst[0..1] += (a, b) without returning the old values. NOTES: atomicAdd on a
+// float2 compiles to atom.global.add.v2.f32, which returns the old values: the
+// warp then waits on the scoreboard for 16 L2 round trips per query tile (ncu:
+// long-scoreboard stalls 2.4 cycles per instruction vs 0.8 for FA2). red does
+// not return. sm_90 has the two-wide form; sm_80 takes two scalar reds.
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b));
+#else
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(a));
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst + 1), "f"(b));
+#endif
+}
+
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -173,10 +196,8 @@ __device__ __forceinline__ void wait_for_predecessor(const AttentionParams& p, c
 
 struct ScoreArgs {
   float softcap, inv_cap, scale_log2;
-  const float* lse;  // shared, per tile row
-  const float* row_d;
-  void* p;  // shared P, dS tiles
-  void* ds;
+  uint32_t lse, row_d;  // shared addresses: per-row lse and D of the tile
+  uint32_t p, ds;       // shared addresses: P and dS tiles
   int m0, n0, g, t;  // warp tile origin, lane coordinates
   int q0, k0, seqlen_q, seqlen_k;
   MaskPolicy mask;
@@ -184,30 +205,27 @@ struct ScoreArgs {
 
 // P = exp(S - lse), dS = P * (dP - D) * softcap'(S) from the S and dP
 // accumulators of one warp, stored as 16-bit into the shared P and dS tiles.
-// kMasked: the tile is partly visible (per-element MaskPolicy test).
-template <bool kMasked, bool kSoftcap, int PS, typename T, int MT, int NT>
+// full: every (row, key) of the tile is visible; else each row's visible keys
+// [lo, hi) come from the MaskPolicy (two compares per element either way).
+template <bool kSoftcap, int PS, typename T, int MT, int NT>
 __device__ __forceinline__ void scores_to_p_ds(const float (&acc_s)[MT][NT][4],
                                                const float (&acc_dp)[MT][NT][4],
-                                               const ScoreArgs& a) {
-  T* sP = static_cast<T*>(a.p);
-  T* sdS = static_cast<T*>(a.ds);
+                                               const ScoreArgs& a, bool full) {
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = a.m0 + mi * 16 + a.g + half * 8;  // row in the tile
-      const float lse = a.lse[r];
+      const float lse = ld_shared_f32(a.lse + 4u * r);
       // lse = -inf: the row sees no key; +inf makes every P of it 0.
       const float lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      const float row_d = a.row_d[r];
+      const float row_d = ld_shared_f32(a.row_d + 4u * r);
       // Visible keys of this row, relative to the tile: [lo, hi).
-      int lo = 0, hi = 0;
-      if constexpr (kMasked) {
+      int lo = 0, hi = 1 << 30;
+      if (!full) {
         const int i = a.q0 + r;
-        if (i < a.seqlen_q) {
-          lo = max(a.mask.first_key(i), 0) - a.k0;
-          hi = min(a.mask.end_key(i), a.seqlen_k) - a.k0;
-        }
+        lo = max(a.mask.first_key(i), 0) - a.k0;
+        hi = i < a.seqlen_q ? min(a.mask.end_key(i), a.seqlen_k) - a.k0 : lo;
       }
 #pragma unroll
       for (int ni = 0; ni < NT; ++ni) {
@@ -225,12 +243,12 @@ __device__ __forceinline__ void scores_to_p_ds(const float (&acc_s)[MT][NT][4],
             s_log2 = x * a.scale_log2;
           }
           float pr = fast_exp2(s_log2 - lse_log2);
-          if constexpr (kMasked) pr = (c + e >= lo && c + e < hi) ? pr : 0.0f;
+          pr = (c + e >= lo && c + e < hi) ? pr : 0.0f;
           pv[e] = pr;
           dsv[e] = pr * (acc_dp[mi][ni][half * 2 + e] - row_d) * dcap;
         }
-        *reinterpret_cast<uint32_t*>(sP + r * PS + c) = MmaType<T>::pack(pv[0], pv[1]);
-        *reinterpret_cast<uint32_t*>(sdS + r * PS + c) = MmaType<T>::pack(dsv[0], dsv[1]);
+        st_shared_u32(a.p + 2u * (r * PS + c), MmaType<T>::pack(pv[0], pv[1]));
+        st_shared_u32(a.ds + 2u * (r * PS + c), MmaType<T>::pack(dsv[0], dsv[1]));
       }
     }
   }
@@ -258,7 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int BM = C::kBlockM, BN = C::kBlockN, RS = C::kRowStride, PS = C::kPStride;
   // Warp tiles of the three output shapes.
   constexpr int kSdpWM = C::kSdpWarpsM, kSdpWN = kWarps / kSdpWM;
-  constexpr int kSdpMT = BM / kSdpWM / 16, kSdpNT = BN / kSdpWN / 8;
+  constexpr int kSdpCols = BN / kSdpWN / C::kSdpSplits;  // warp tile columns per slice
+  constexpr int kSdpMT = BM / kSdpWM / 16, kSdpNT = kSdpCols / 8;
   constexpr int kKvWM = C::kDkvWarpsM, kKvWN = kWarps / kKvWM;
   constexpr int kKvMT = BN / kKvWM / 16, kKvNT = D / kKvWN / 8;
   constexpr int kDqWM = C::kDqWarpsM, kDqWN = kWarps / kDqWM, kDqCols = D / C::kDqSplits;
@@ -349,23 +368,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aP = smem_addr(sP), adS = smem_addr(sdS);
 
   for (int it = 0; it < iters; ++it) {
+    // NOTES: two barriers per query tile. With two stages the prefetch of tile
+    // it+1 is issued after this barrier, into the stage tile it-1 used, which
+    // every warp has finished with once it is here; P/dS are rewritten only
+    // after the next barrier too. One stage (small shared memory) has to load
+    // tile it here, after the barrier that closed tile it-1.
     const int stage = stages == 2 ? (it & 1) : 0;
-    if (stages == 2) {
-      if (it + 1 < iters) {
-        load_stage(it + 1, (it + 1) & 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-    } else {
-      if (it > 0) {
-        load_stage(it, 0);
-        cp_async_commit();
-      }
-      cp_async_wait<0>();
+    if (stages == 1 && it > 0) {
+      load_stage(it, 0);
+      cp_async_commit();
     }
+    cp_async_wait<0>();
     __syncthreads();
+    if (stages == 2 && it + 1 < iters) {
+      load_stage(it + 1, (it + 1) & 1);
+      cp_async_commit();
+    }
 
     const int h = hk * group + it / n_m;
     const int m = m_begin + it % n_m;
@@ -373,31 +391,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* base = stage_base + stage * L::kStageBytes;
     T* sQ = reinterpret_cast<T*>(base);
     T* sdO = sQ + L::kQ;
-    const float* sLse = reinterpret_cast<const float*>(sdO + L::kQ);
-    const float* sD = sLse + BM;
     const uint32_t aQ = smem_addr(sQ), adO = smem_addr(sdO);
+    const uint32_t aLse = adO + 2u * L::kQ, aD = aLse + 4u * BM;
 
-    // S = Q K^T, dP = dO V^T.
-    {
+    // S = Q K^T, dP = dO V^T, in kSdpSplits column slices of the warp tile
+    // (see config.h), each turned into P and dS before the next.
+    const bool full = mask.tile_fully_visible(q0, q0 + BM, k0, k0 + BN);
+#pragma unroll
+    for (int split = 0; split < C::kSdpSplits; ++split) {
+      const int n0 = sdp_n0 + split * kSdpCols;
       float acc_s[kSdpMT][kSdpNT][4], acc_dp[kSdpMT][kSdpNT][4];
       zero(acc_s);
       zero(acc_dp);
       warp_gemm<kSdpMT, kSdpNT, D, false, false, T>(acc_s, aQ + 2u * sdp_m0 * RS, RS,
-                                                    aK + 2u * sdp_n0 * RS, RS, lane);
+                                                    aK + 2u * n0 * RS, RS, lane);
       warp_gemm<kSdpMT, kSdpNT, D, false, false, T>(acc_dp, adO + 2u * sdp_m0 * RS, RS,
-                                                    aV + 2u * sdp_n0 * RS, RS, lane);
+                                                    aV + 2u * n0 * RS, RS, lane);
       // Masking and softcap are runtime options; the per-element code is
-      // specialized on both so an unmasked tile pays for neither.
-      const bool full = mask.tile_fully_visible(q0, q0 + BM, k0, k0 + BN);
-      const ScoreArgs sa{p.softcap, inv_cap, scale_log2, sLse, sD, sP, sdS, sdp_m0, sdp_n0,
+      // specialized on softcap (tanh and its derivative) only.
+      const ScoreArgs sa{p.softcap, inv_cap, scale_log2, aLse, aD, aP, adS, sdp_m0, n0,
                          g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask};
-      if (full) {
-        if (softcap) scores_to_p_ds<false, true, PS, T>(acc_s, acc_dp, sa);
-        else scores_to_p_ds<false, false, PS, T>(acc_s, acc_dp, sa);
-      } else {
-        if (softcap) scores_to_p_ds<true, true, PS, T>(acc_s, acc_dp, sa);
-        else scores_to_p_ds<true, false, PS, T>(acc_s, acc_dp, sa);
-      }
+      if (softcap) scores_to_p_ds<true, PS, T>(acc_s, acc_dp, sa, full);
+      else scores_to_p_ds<false, PS, T>(acc_s, acc_dp, sa, full);
     }
     __syncthreads();
 
@@ -430,13 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
               for (int ni = 0; ni < kDqNT; ++ni) {
                 float* dst = dq_base + r * D + col0 + ni * 8 + 2 * t;
-#if __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2*>(dst),
-                          make_float2(acc_dq[mi][ni][half * 2], acc_dq[mi][ni][half * 2 + 1]));
-#else
-                atomicAdd(dst, acc_dq[mi][ni][half * 2]);
-                atomicAdd(dst + 1, acc_dq[mi][ni][half * 2 + 1]);
-#endif
+                red_add_f32x2(dst, acc_dq[mi][ni][half * 2], acc_dq[mi][ni][half * 2 + 1]);
               }
             }
           }
@@ -447,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0) st_release(dq_semaphore(p, ws, b, h, m), n_tile + 1);
       }
     }
-    __syncthreads();  // P, dS and this stage are overwritten next
+    if (stages == 1) __syncthreads();  // the single stage is reloaded next
   }
 
   // dK, dV: f32 registers -> 16-bit rows (columns < head_dim, keys < kv_rows).
