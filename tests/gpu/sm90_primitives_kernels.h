@@ -18,7 +18,7 @@ double wgmma_ss_rel_error(bool bf16, std::string& error);
 double wgmma_rs_rel_error(bool bf16, std::string& error);
 // Producer/consumer mbarrier ring (2 stages, 40 rounds, stages filled by bulk
 // copies completing on the barrier) with named-barrier
-// turn taking between two consumer warpgroups: wrong sums + out-of-turn entries.
+// turn taking between two consumer warpgroups: wrong sums + out-of-order turns.
 long pipeline_errors(std::string& error);
 
 }  // namespace flashattn::testing::sm90prim

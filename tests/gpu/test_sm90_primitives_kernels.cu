@@ -140,18 +140,17 @@ constexpr int kRounds = 40, kSlot = 256;
 // The producer fills stages with bulk copies (complete_tx on the full barrier),
 // as the forward kernel's producer does with TMA; consumers read with ordinary
 // loads and release stages warp by warp.
-__global__ void __launch_bounds__(384, 1) pipeline_kernel(const float* src, float* sums, int* order_errors) {
+__global__ void __launch_bounds__(384, 1) pipeline_kernel(const float* src, float* sums, int* log,
+                                                          int* log_len) {
 #if FLASHATTN_SM90_DEVICE
   __shared__ alignas(128) float ring[kStages][kSlot];
   __shared__ uint64_t full[kStages], empty[kStages];
-  __shared__ int last_turn;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 8);  // one arrival per consumer warp
     }
-    last_turn = 1;
     mbar_fence_init();
   }
   __syncthreads();
@@ -170,24 +169,22 @@ __global__ void __launch_bounds__(384, 1) pipeline_kernel(const float* src, floa
     const int cw = wg - 1, tid = threadIdx.x - 128;
     if (cw == 1) named_arrive(1, 256);
     float acc = 0.0f;
-    int errors = 0;
     for (int it = 0; it < kRounds; ++it) {
       const int s = it % kStages;
       mbar_wait(&full[s], (it / kStages) & 1);
       named_sync(1 + cw, 256);  // my turn
-      if (last_turn == cw) ++errors;  // the other warpgroup must have gone last
-      __syncwarp();
-      named_sync(3 + cw, 128);  // everyone in my warpgroup has checked
-      if (tid % 128 == 0) last_turn = cw;
+      // The turn log (global atomics): strict alternation 0, 1, 0, 1, ... if
+      // the turns are exclusive and handed over in order.
+      if (tid % 128 == 0) log[atomicAdd(log_len, 1)] = cw;
       acc += ring[s][tid];
-      named_sync(3 + cw, 128);
+      __threadfence_block();
+      named_sync(3 + cw, 128);  // the whole warpgroup is done with its turn
       named_arrive(1 + (1 - cw), 256);  // hand the turn over
       __syncwarp();
       if (threadIdx.x % 32 == 0) mbar_arrive(&empty[s]);
     }
     if (cw == 0) named_sync(1, 256);
     sums[tid] = acc;
-    if (errors) atomicAdd(order_errors, errors);
   }
 #endif
 }
@@ -291,26 +288,30 @@ double wgmma_rs_rel_error(bool bf16, std::string& error) {
 long pipeline_errors(std::string& error) {
   float* dsums = nullptr;
   float* dsrc = nullptr;
-  int* derr = nullptr;
+  int* dlog = nullptr;
   std::vector<float> src(kRounds * kSlot);
   for (int it = 0; it < kRounds; ++it)
     for (int i = 0; i < kSlot; ++i) src[it * kSlot + i] = static_cast<float>(it * 1000 + i);
-  if (!ok(cudaMalloc(&dsums, kSlot * sizeof(float)), error) || !ok(cudaMalloc(&derr, sizeof(int)), error) ||
+  const int log_entries = 2 * kRounds;
+  if (!ok(cudaMalloc(&dsums, kSlot * sizeof(float)), error) ||
+      !ok(cudaMalloc(&dlog, (log_entries + 1) * sizeof(int)), error) ||
       !ok(cudaMalloc(&dsrc, src.size() * sizeof(float)), error) ||
       !ok(cudaMemcpy(dsrc, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), error) ||
-      !ok(cudaMemset(derr, 0, sizeof(int)), error))
+      !ok(cudaMemset(dlog, 0xff, (log_entries + 1) * sizeof(int)), error) ||
+      !ok(cudaMemset(dlog + log_entries, 0, sizeof(int)), error))
     return -1;
-  pipeline_kernel<<<1, 384>>>(dsrc, dsums, derr);
+  pipeline_kernel<<<1, 384>>>(dsrc, dsums, dlog, dlog + log_entries);
   std::vector<float> sums(kSlot);
-  int order = 0;
+  std::vector<int> log(log_entries + 1);
   if (!ok(cudaGetLastError(), error) || !ok(cudaDeviceSynchronize(), error) ||
       !ok(cudaMemcpy(sums.data(), dsums, kSlot * sizeof(float), cudaMemcpyDeviceToHost), error) ||
-      !ok(cudaMemcpy(&order, derr, sizeof(int), cudaMemcpyDeviceToHost), error))
+      !ok(cudaMemcpy(log.data(), dlog, log.size() * sizeof(int), cudaMemcpyDeviceToHost), error))
     return -1;
   cudaFree(dsums);
   cudaFree(dsrc);
-  cudaFree(derr);
-  long bad = order;
+  cudaFree(dlog);
+  long bad = log[log_entries] == log_entries ? 0 : 1;
+  for (int i = 0; i < log_entries; ++i) bad += log[i] != i % 2;
   for (int t = 0; t < kSlot; ++t) {
     double want = 0;
     for (int it = 0; it < kRounds; ++it) want += it * 1000.0 + t % kSlot;
