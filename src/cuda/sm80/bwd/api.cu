@@ -129,6 +129,8 @@ fa_status backward(const AttentionParams& params) {
   ws.dq_sem = p.deterministic ? reinterpret_cast<int*>(base + w.row_d + w.dq_accum) : nullptr;
   ws.q_tiles = w.q_tiles;
   ws.accum_dim = w.accum_dim;
+  ws.scale_log2 = p.scale * 1.4426950408889634f;
+  ws.inv_softcap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
 
   fa_status status = FA_OK;
   if (p.deterministic && w.sem > 0) {

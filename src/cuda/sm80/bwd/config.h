@@ -16,7 +16,8 @@
 // B ldmatrix.x4 per k-step for m*n/128 mma.sync, and shared-memory bandwidth,
 // not the tensor cores, is what mma.sync kernels run out of on Hopper.
 //   S = Q K^T and dP = dO V^T (BM x BN): 2 x 4 warps (32 x 32) for BN 128,
-//                                         4 x 2 warps (16 x 32) for BN 64.
+//                                         4 x 2 warps (16 x 32) for BN 64 and
+//                                         for D 128 (16 x 64 in two slices).
 //   dV, dK (BN x D):                      4 x 2 warps.
 //   dQ (BM x D):                          2 x 4 warps (32 x D/4) where D/4 is a
 //                                         multiple of 16 (D 64, 128, 192: fewer A
@@ -39,7 +40,10 @@ struct Config {
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   // Warps along M for each product (kWarps / that along N).
-  static constexpr int kSdpWarpsM = kBlockN == 128 ? 2 : 4;
+  // (D 128 takes 4 x 2: with the column slices below its A fragments are half
+  // those of 2 x 4 for the same ldmatrix count, which is what keeps it under
+  // 255 registers with S and dP interleaved.)
+  static constexpr int kSdpWarpsM = kBlockN == 128 && D != 128 ? 2 : 4;
   static constexpr int kDkvWarpsM = 4;
   static constexpr int kDqWarpsM = (D / 8) % 16 == 0 && D != 256 ? 2 : 4;
   // S and dP in column slices of the warp tile, each turned into P and dS
@@ -49,7 +53,7 @@ struct Config {
   static constexpr int kSdpSplits = D == 128 ? 2 : 1;
   // dQ in column slices of D / kDqSplits: at D 256 dK+dV take 128 registers
   // and a whole 64x256 f32 dQ tile (64 more) spilled.
-  static constexpr int kDqSplits = D == 256 ? 2 : 1;
+  static constexpr int kDqSplits = D == 256 || D == 128 ? 2 : 1;
   // Shared-memory rows are padded by one 16-byte chunk: a row of C chunks then
   // starts C+1 chunks after the previous one, and with C+1 odd the 8 rows an
   // ldmatrix reads land on 8 distinct bank groups (conflict-free) for every D.

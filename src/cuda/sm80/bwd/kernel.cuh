@@ -105,6 +105,60 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], uint32_t a, i
   }
 }
 
+// Two products of one shape in one k-loop: acc0 += A0 * B0, acc1 += A1 * B1
+// (same strides and layouts). NOTES: a warp tile of MT x NT accumulators has
+// only MT*NT independent mma.sync per k-step before the next k-step depends on
+// them; at 2 x 2 (S and dP at D 128) that is shorter than the mma latency and
+// the warp stalls (ncu "wait"). S with dP, and dV with dK, interleaved double
+// the independent work per k-step.
+template <int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
+__device__ __forceinline__ void warp_gemm2(float (&acc0)[MT][NT][4], float (&acc1)[MT][NT][4],
+                                           uint32_t a0, uint32_t a1, int a_stride, uint32_t b0,
+                                           uint32_t b1, int b_stride, int lane) {
+  static_assert(NT % 2 == 0, "B fragments are loaded for 16 columns at a time");
+  static_assert(KDIM % 16 == 0, "k-steps of 16");
+  const int a_row = A_KMAJOR ? (lane & 7) + ((lane >> 4) << 3) : (lane & 15);
+  const int a_col = A_KMAJOR ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
+  const int b_row = B_KMAJOR ? (lane & 7) + ((lane >> 3) & 1) * 8 : (lane & 7) + ((lane >> 4) << 3);
+  const int b_col = B_KMAJOR ? (lane >> 4) * 8 : ((lane >> 3) & 1) * 8;
+  const uint32_t a_off = 2u * (a_row * a_stride + a_col);
+  const uint32_t b_off = 2u * (b_row * b_stride + b_col);
+#pragma unroll
+  for (int k0 = 0; k0 < KDIM; k0 += 16) {
+    uint32_t af0[MT][4], af1[MT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      const uint32_t o = A_KMAJOR ? 2u * (k0 * a_stride + mi * 16) : 2u * (mi * 16 * a_stride + k0);
+      if constexpr (A_KMAJOR) {
+        ldmatrix_x4_trans(af0[mi], a0 + a_off + o);
+        ldmatrix_x4_trans(af1[mi], a1 + a_off + o);
+      } else {
+        ldmatrix_x4(af0[mi], a0 + a_off + o);
+        ldmatrix_x4(af1[mi], a1 + a_off + o);
+      }
+    }
+#pragma unroll
+    for (int nj = 0; nj < NT / 2; ++nj) {
+      uint32_t bf0[4], bf1[4];
+      const uint32_t o = B_KMAJOR ? 2u * (k0 * b_stride + nj * 16) : 2u * (nj * 16 * b_stride + k0);
+      if constexpr (B_KMAJOR) {
+        ldmatrix_x4_trans(bf0, b0 + b_off + o);
+        ldmatrix_x4_trans(bf1, b1 + b_off + o);
+      } else {
+        ldmatrix_x4(bf0, b0 + b_off + o);
+        ldmatrix_x4(bf1, b1 + b_off + o);
+      }
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        mma_m16n8k16<T>(acc0[mi][2 * nj], af0[mi], bf0[0], bf0[1]);
+        mma_m16n8k16<T>(acc1[mi][2 * nj], af1[mi], bf1[0], bf1[1]);
+        mma_m16n8k16<T>(acc0[mi][2 * nj + 1], af0[mi], bf0[2], bf0[3]);
+        mma_m16n8k16<T>(acc1[mi][2 * nj + 1], af1[mi], bf1[2], bf1[3]);
+      }
+    }
+  }
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -123,12 +177,27 @@ template <int ROWS, int D, int STRIDE, typename T>
 __device__ __forceinline__ void load_rows_async(T* smem, const T* g, int64_t row_stride,
                                                 int rows_valid, int d, int tid) {
   constexpr int kChunks = D / 8;
+  if constexpr (kThreads % kChunks == 0 && ROWS % (kThreads / kChunks) == 0) {
+    // Each thread keeps one 16-byte column and steps down the rows.
+    constexpr int kRowStep = kThreads / kChunks;
+    const int c = tid % kChunks, r0 = tid / kChunks;
+    const bool col_ok = c * 8 < d;
+    const T* src = g + r0 * row_stride + c * 8;
+    const int64_t step = kRowStep * row_stride;
+    const uint32_t dst = smem_addr(smem + r0 * STRIDE + c * 8);
+#pragma unroll
+    for (int j = 0; j < ROWS / kRowStep; ++j) {
+      const bool valid = col_ok && r0 + j * kRowStep < rows_valid;
+      cp_async_16(dst + 2u * j * kRowStep * STRIDE, valid ? src + j * step : g, valid);
+    }
+  } else {
 #pragma unroll 1
-  for (int i = tid; i < ROWS * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = r < rows_valid && c * 8 < d;
-    const T* src = valid ? g + r * row_stride + c * 8 : g;
-    cp_async_16(smem_addr(smem + r * STRIDE + c * 8), src, valid);
+    for (int i = tid; i < ROWS * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const bool valid = r < rows_valid && c * 8 < d;
+      const T* src = valid ? g + r * row_stride + c * 8 : g;
+      cp_async_16(smem_addr(smem + r * STRIDE + c * 8), src, valid);
+    }
   }
 }
 
@@ -206,9 +275,9 @@ struct ScoreArgs {
 // P = exp(S - lse), dS = P * (dP - D) * softcap'(S) from the S and dP
 // accumulators of one warp, stored as 16-bit into the shared P and dS tiles.
 // full: every (row, key) of the tile is visible; else each row's visible keys
-// [lo, hi) come from the MaskPolicy (two compares per element either way).
+// [lo, hi) come from the MaskPolicy.
 template <bool kSoftcap, int PS, typename T, int MT, int NT>
-__device__ __forceinline__ void scores_to_p_ds(const float (&acc_s)[MT][NT][4],
+__device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
                                                const float (&acc_dp)[MT][NT][4],
                                                const ScoreArgs& a, bool full) {
 #pragma unroll
@@ -220,12 +289,20 @@ __device__ __forceinline__ void scores_to_p_ds(const float (&acc_s)[MT][NT][4],
       // lse = -inf: the row sees no key; +inf makes every P of it 0.
       const float lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
       const float row_d = ld_shared_f32(a.row_d + 4u * r);
-      // Visible keys of this row, relative to the tile: [lo, hi).
-      int lo = 0, hi = 1 << 30;
+      // Partly visible tiles: invisible scores become -inf first (P = 0,
+      // dS = 0), so fully visible tiles, the common case, test nothing.
       if (!full) {
         const int i = a.q0 + r;
-        lo = max(a.mask.first_key(i), 0) - a.k0;
-        hi = i < a.seqlen_q ? min(a.mask.end_key(i), a.seqlen_k) - a.k0 : lo;
+        // Visible keys of this row, relative to the tile: [lo, hi).
+        const int lo = max(a.mask.first_key(i), 0) - a.k0;
+        const int hi = i < a.seqlen_q ? min(a.mask.end_key(i), a.seqlen_k) - a.k0 : lo;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = a.n0 + ni * 8 + 2 * a.t + e;
+            if (c < lo || c >= hi) acc_s[mi][ni][half * 2 + e] = -INFINITY;
+          }
       }
 #pragma unroll
       for (int ni = 0; ni < NT; ++ni) {
@@ -234,16 +311,14 @@ __device__ __forceinline__ void scores_to_p_ds(const float (&acc_s)[MT][NT][4],
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float x = acc_s[mi][ni][half * 2 + e];
-          float s_log2, dcap = 1.0f;
+          float pr, dcap = 1.0f;
           if constexpr (kSoftcap) {
-            const float th = tanhf(x * a.scale_log2 * (1.0f / kLog2e) * a.inv_cap);
-            s_log2 = a.softcap * th * kLog2e;
+            const float th = tanhf(x * a.inv_cap);
+            pr = x == -INFINITY ? 0.0f : fast_exp2(a.softcap * th * kLog2e - lse_log2);
             dcap = 1.0f - th * th;
           } else {
-            s_log2 = x * a.scale_log2;
+            pr = fast_exp2(x * a.scale_log2 - lse_log2);  // exp2(-inf) = 0 where masked
           }
-          float pr = fast_exp2(s_log2 - lse_log2);
-          pr = (c + e >= lo && c + e < hi) ? pr : 0.0f;
           pv[e] = pr;
           dsv[e] = pr * (acc_dp[mi][ni][half * 2 + e] - row_d) * dcap;
         }
@@ -357,9 +432,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (iters > 0) load_stage(0, 0);
   cp_async_commit();
 
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = ws.scale_log2;
   const bool softcap = p.softcap > 0.0f;
-  const float inv_cap = softcap ? 1.0f / p.softcap : 0.0f;
+  const float inv_cap = ws.inv_softcap;
 
   // This warp's tile origins.
   const int sdp_m0 = (warp / kSdpWN) * (BM / kSdpWM), sdp_n0 = (warp % kSdpWN) * (BN / kSdpWN);
@@ -403,10 +478,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float acc_s[kSdpMT][kSdpNT][4], acc_dp[kSdpMT][kSdpNT][4];
       zero(acc_s);
       zero(acc_dp);
-      warp_gemm<kSdpMT, kSdpNT, D, false, false, T>(acc_s, aQ + 2u * sdp_m0 * RS, RS,
-                                                    aK + 2u * n0 * RS, RS, lane);
-      warp_gemm<kSdpMT, kSdpNT, D, false, false, T>(acc_dp, adO + 2u * sdp_m0 * RS, RS,
-                                                    aV + 2u * n0 * RS, RS, lane);
+      warp_gemm2<kSdpMT, kSdpNT, D, false, false, T>(acc_s, acc_dp, aQ + 2u * sdp_m0 * RS,
+                                                     adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
+                                                     aV + 2u * n0 * RS, RS, lane);
       // Masking and softcap are runtime options; the per-element code is
       // specialized on softcap (tanh and its derivative) only.
       const ScoreArgs sa{p.softcap, inv_cap, scale_log2, aLse, aD, aP, adS, sdp_m0, n0,
@@ -418,8 +492,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T (P, dS stored [query][key]),
     // B = dO / Q (stored [query][dim]): both operands k-major.
-    warp_gemm<kKvMT, kKvNT, BM, true, true, T>(acc_dv, aP + 2u * kv_m0, PS, adO + 2u * kv_n0, RS, lane);
-    warp_gemm<kKvMT, kKvNT, BM, true, true, T>(acc_dk, adS + 2u * kv_m0, PS, aQ + 2u * kv_n0, RS, lane);
+    warp_gemm2<kKvMT, kKvNT, BM, true, true, T>(acc_dv, acc_dk, aP + 2u * kv_m0, adS + 2u * kv_m0, PS,
+                                                 adO + 2u * kv_n0, aQ + 2u * kv_n0, RS, lane);
 
     // dQ share = dS K: A = dS stored [query][key], B = K stored [key][dim];
     // added into the f32 accumulator with atomics (rows of this sequence only).

@@ -14,6 +14,10 @@ struct Workspace {
   int* dq_sem = nullptr;      // deterministic mode: [batch][heads_q][q_tiles], zeroed
   int q_tiles = 0;            // query tiles per sequence (of the longest)
   int accum_dim = 0;          // kernel head dim (row length of dq_accum)
+  // Per-call constants the kernel reads from its parameter space instead of
+  // computing (and holding in registers): scale * log2(e), scale / softcap.
+  float scale_log2 = 0.0f;
+  float inv_softcap = 0.0f;
 };
 
 // Main kernel for one kernel head dim and dtype (T = __half or __nv_bfloat16).
