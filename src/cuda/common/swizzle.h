@@ -17,6 +17,12 @@
 
 namespace flashattn::cuda {
 
+// A lane's part of a fragment address (see SwizzledTile::lane).
+struct SwizzleLane {
+  uint32_t row_bytes;
+  int sw;
+};
+
 template <int Rows, int Cols>
 struct SwizzledTile {
   static constexpr int kRows = Rows;
@@ -41,10 +47,7 @@ struct SwizzledTile {
   // c_lane + C, with R a multiple of 8 and C even (both compile-time in
   // unrolled loops), r_lane < 16, c_lane in {0, 1}. The lane's part of the
   // swizzle is computed once; each access is then one XOR and one add.
-  struct Lane {
-    uint32_t row_bytes;
-    int sw;
-  };
+  using Lane = SwizzleLane;  // the same for every tile of this width
   __device__ __forceinline__ static Lane lane(int r_lane, int c_lane) {
     return {static_cast<uint32_t>(r_lane * kAtom * 16), c_lane ^ swizzle(r_lane)};
   }

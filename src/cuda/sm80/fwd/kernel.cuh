@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/layout.h"
@@ -89,11 +90,9 @@ struct TileCopy {
   }
 };
 
-template <int kD, typename T>
-__global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
-                                  ForwardTuning<kD>::kMinBlocksPerSm)
+template <int kD, typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
-  using Cfg = ForwardTuning<kD>;
   constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kThreads = Cfg::kWarps * 32;
   constexpr int kWarpRows = kM / Cfg::kWarps;
@@ -133,8 +132,6 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
                row_offset(b, seq.row_k, 0, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride, varlen);
   const T* v = static_cast<const T*>(p.v) +
                row_offset(b, seq.row_k, 0, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride, varlen);
-  T* o = static_cast<T*>(p.out) +
-         row_offset(b, seq.row_q, m0, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen);
 
   // Key tiles [n_first, n_first + n_tiles): only those some row here can see.
   const int key_lo = mask.key_begin(m0), key_hi = mask.key_end(m0 + rows_valid);
@@ -148,19 +145,18 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
 
   const TileCopy<QTile, kThreads> q_copy(tid);
   const TileCopy<KVTile, kThreads> kv_copy(tid);
-  auto load_k = [&](int j) {
+  // Tile j of K (V) is loaded into slot j % kStages.
+  auto load_k = [&](int j, int slot) {
     if (j < n_tiles) {
       const int n0 = (n_first + j) * kN;
-      kv_copy.load(sK(j % kStages), k + n0 * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n0,
-                   d_valid);
+      kv_copy.load(sK(slot), k + n0 * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n0, d_valid);
     }
     cp_async_commit();  // empty groups keep the wait counts uniform
   };
-  auto load_v = [&](int j) {
+  auto load_v = [&](int j, int slot) {
     if (j < n_tiles) {
       const int n0 = (n_first + j) * kN;
-      kv_copy.load(sV(j % kStages), v + n0 * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n0,
-                   d_valid);
+      kv_copy.load(sV(slot), v + n0 * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n0, d_valid);
     }
     cp_async_commit();
   };
@@ -168,21 +164,27 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
   // Prologue: Q with K_0, then V_0, K_1, ..., K_{kStages-1}: loads are issued
   // in the order K_0 V_0 K_1 V_1 ..., one group each, 2*kStages-1 ahead.
   q_copy.load(sQ, q, p.q_row_stride, rows_valid, d_valid);
-  load_k(0);
+  load_k(0, 0);
+#pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    load_v(s);
-    load_k(s + 1);
+    load_v(s, s);
+    load_k(s + 1, s + 1);
   }
 
   // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
   // With a softcap, s -> softcap * tanh(s * scale / softcap) is already scaled.
   const bool softcap = p.softcap > 0.0f;
   const float scale_log2 = softcap ? kLog2e : p.scale * kLog2e;
-  const float cap_in = softcap ? p.scale / p.softcap : 0.0f;
 
-  const auto q_lane = QTile::lane(lane & 15, lane >> 4);                    // A: rows, then chunk
-  const auto k_lane = KVTile::lane((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);  // B
-  const auto v_lane = KVTile::lane(lane & 15, lane >> 4);                   // B, transposed
+  // ldmatrix.x4 row addresses: matrix i = lane / 8 covers rows 8*(i%2)..+7 and
+  // chunk i/2 of a 16x16 block, for Q, K and V alike. Q: the A fragment in
+  // order. K (keys x d): regs = b0 of n-tile 0, b0 of n-tile 1, b1 of 0, b1 of 1.
+  // V (keys x d, transposed): b0, b1 of d-tile 0, then of d-tile 1.
+  // NOTES: one lane pattern for the three tiles means one set of swizzled
+  // offsets in registers; separate patterns cost ~8 more registers and spilled
+  // at head dim 128.
+  const auto frag_lane = QTile::lane(lane & 15, lane >> 4);
+  static_assert(QTile::kAtom == KVTile::kAtom, "Q and K/V tiles share the swizzle");
 
   float acc[kMT][kDT][4];
   float row_max[kMT][2], row_sum[kMT][2];
@@ -197,24 +199,16 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
   }
   uint32_t q_frag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kKQ : 1][4];
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int slot = j % kStages;
-    const int n0 = (n_first + j) * kN;
-    cp_async_wait<2 * kStages - 2>();  // K_j (and, at j = 0, Q) landed
-    __syncthreads();                   // ... for every thread; V slot of j-1 free
-    load_v(j + kStages - 1);
-
-    if constexpr (Cfg::kQInRegs) {
-      if (j == 0) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int kk = 0; kk < kKQ; ++kk)
-            ldmatrix_x4(q_frag[mt][kk], sQ + QTile::at(q_lane, warp_row + mt * 16, kk * 2));
-      }
-    }
-
-    // S = Q K_j^T
+  // S = Q K^T for the K tile in `slot`, then the online softmax over it, P
+  // left in pk as 16-bit A fragments. kMasked (a boundary tile, or softcap on)
+  // adds the softcap and the per-element mask; the plain version has no
+  // branch between the first mma and the last exp2, so the compiler can
+  // interleave them freely.
+  // NOTES: a runtime `if` around the mask inside one body split it into basic
+  // blocks; two bodies chosen once per tile measured faster (docs/perf-notes.md).
+  uint32_t pk[kMT][kKP][4];
+  auto scores = [&](auto masked, int slot, int n0) {
+    constexpr bool kMasked = decltype(masked)::value;
     float s[kMT][kNT][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -231,46 +225,41 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
 #pragma unroll
           for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
         } else {
-          ldmatrix_x4(a[mt], sQ + QTile::at(q_lane, warp_row + mt * 16, kk * 2));
+          ldmatrix_x4(a[mt], sQ + QTile::at(frag_lane, warp_row + mt * 16, kk * 2));
         }
       }
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sK(slot) + KVTile::at(k_lane, np * 16, kk * 2));
+        ldmatrix_x4(bk, sK(slot) + KVTile::at(frag_lane, np * 16, kk * 2));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[2]);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[1], bk[3]);
         }
       }
     }
 
-    if (softcap) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * cap_in);
-    }
-
-    // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
-    {
-      const int r_begin = min(m0 + warp_row, m0 + rows_valid);
-      const int r_end = min(m0 + warp_row + kWarpRows, m0 + rows_valid);
-      if (!(r_end > r_begin && mask.tile_fully_visible(r_begin, r_end, n0, n0 + kN))) {
+    if constexpr (kMasked) {
+      if (softcap) {
+        const float cap_in = p.scale / p.softcap;
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
-              const int col = n0 + nt * 8 + 2 * t + (e & 1);
-              if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
-            }
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * cap_in);
       }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
+            const int col = n0 + nt * 8 + 2 * t + (e & 1);
+            if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+          }
     }
 
     // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
@@ -304,29 +293,59 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
         }
       }
 
+    // P to 16 bits now: half the registers of S while V lands.
+#pragma unroll
+    for (int kk = 0; kk < kKP; ++kk)
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pk[mt][kk][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pk[mt][kk][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pk[mt][kk][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pk[mt][kk][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+  };
+
+  if constexpr (Cfg::kQInRegs) {
+    if (n_tiles > 0) {
+      cp_async_wait<2 * kStages - 2>();  // Q (with K_0) landed
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kKQ; ++kk)
+          ldmatrix_x4(q_frag[mt][kk], sQ + QTile::at(frag_lane, warp_row + mt * 16, kk * 2));
+    }
+  }
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = (n_first + j) * kN;
+    const int slot = j % kStages, prev_slot = (j + kStages - 1) % kStages;
+    cp_async_wait<2 * kStages - 2>();  // K_j (and, at j = 0, Q) landed
+    __syncthreads();                   // ... for every thread; V slot of j-1 free
+    load_v(j + kStages - 1, prev_slot);
+
+    // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
+    if (!softcap && mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN)) {
+      scores(std::false_type{}, slot, n0);
+    } else {
+      scores(std::true_type{}, slot, n0);
+    }
+
     cp_async_wait<2 * kStages - 2>();  // V_j landed
     __syncthreads();                   // ... for every thread; K slot of j free
-    load_k(j + kStages);
+    load_k(j + kStages, slot);
 
     // O += P V_j, P straight from the S accumulators (C layout == A layout).
 #pragma unroll
     for (int kk = 0; kk < kKP; ++kk) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        a[mt][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int dp = 0; dp < kDT / 2; ++dp) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(v_lane, kk * 16, dp * 2));
+        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(frag_lane, kk * 16, dp * 2));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
-          mma_m16n8k16<T>(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+          mma_m16n8k16<T>(acc[mt][2 * dp], pk[mt][kk], bv[0], bv[1]);
+          mma_m16n8k16<T>(acc[mt][2 * dp + 1], pk[mt][kk], bv[2], bv[3]);
         }
       }
     }
@@ -356,19 +375,20 @@ __global__ void __launch_bounds__(ForwardTuning<kD>::kWarps * 32,
       }
     }
   __syncthreads();
+  T* o = static_cast<T*>(p.out) +
+         row_offset(b, seq.row_q, m0, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen);
   q_copy.store(o, p.o_row_stride, smem, rows_valid, d_valid);
 }
 
-// Launches the kernel for head dim kD (>= p.head_dim) on p.stream.
-template <int kD, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  using Cfg = ForwardTuning<kD>;
+// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg on p.stream.
+template <int kD, typename T, class Cfg>
+fa_status launch_forward_with(const AttentionParams& p) {
   const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
   if (ctas == 0) return FA_OK;
   if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
-  constexpr int kSmem = forward_smem_bytes<kD>();
-  auto kernel = forward_kernel<kD, T>;
+  constexpr int kSmem = forward_smem_bytes<Cfg>(kD);
+  auto kernel = forward_kernel<kD, T, Cfg>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -383,6 +403,11 @@ fa_status launch_forward(const AttentionParams& p) {
     return fail(FA_ERROR_DEVICE, std::string("forward kernel launch: ") + cudaGetErrorString(err));
   }
   return FA_OK;
+}
+
+template <int kD, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  return launch_forward_with<kD, T, ForwardTuning<kD>>(p);
 }
 
 }  // namespace flashattn::cuda::sm80

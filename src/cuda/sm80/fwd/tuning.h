@@ -20,18 +20,24 @@ namespace flashattn::cuda::sm80 {
 template <int HeadDim>
 struct ForwardTuning;
 
-// NOTES: small head dims are bound by the softmax and the loads, not the mma:
-// wide N tiles amortise the per-row max/sum shuffles; Q (2x2x4 regs) is cheap
-// to hold. 40 KB smem, ~3 CTAs/SM.
+// NOTES: all numbers below are bf16 forward TFLOP/s on an H100 SXM at the
+// bench protocol (16k tokens, hidden 2048), from bench/fwd_variants.cu; see
+// docs/perf-notes.md. Registers are the real limit: every shape here sits at
+// 190..255 registers with no spills (-Xptxas -v), i.e. 2 CTAs of 4 warps or
+// 1 CTA of 8 warps per SM.
+
+// NOTES: the softmax dominates at d = 32: wide N tiles (S = 128 regs) amortise
+// the per-tile row max/sum shuffles and barriers; O and Q are small. 40 KB.
 template <>
 struct ForwardTuning<32> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
+  static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = true;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: 32 rows per warp so each K/V fragment feeds two mma's; Q in
-// registers (32 regs) since S (64) + O (64) leave room. 48 KB smem.
+// NOTES: 32 rows per warp (each K/V fragment feeds 2 mma's), Q in registers
+// (32 regs). Measured 262/286/298 (seqlen 1k/4k/16k) against 217..277 for
+// 64-row tiles and 260..294 for N = 128 (which spills). 48 KB.
 template <>
 struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
@@ -39,20 +45,21 @@ struct ForwardTuning<64> {
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: O is 96 regs; Q from shared memory keeps S + O + P under ~200 regs
-// for 2 CTAs/SM. 72 KB smem.
+// NOTES: as 128 (same register shape with 96 regs of O). 60 KB.
 template <>
 struct ForwardTuning<96> {
-  static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4, kStages = 2;
+  static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: FlashAttention-2's 128 x 64 / 4 warps shape; O is 128 regs, so Q is
-// re-read from shared memory. Two stages: 96 KB, still 2 CTAs/SM.
+// NOTES: 32 rows per warp does not fit: O (128) + S (64) + fragments spill at
+// N = 64 and at N = 32 ran 261..294. 16 rows per warp with N = 128 keys per tile
+// (half the tiles, so half the barriers and softmax reductions) ran 289/316/313
+// against 245/266/282 for N = 64. One stage: 80 KB, 2 CTAs/SM.
 template <>
 struct ForwardTuning<128> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 2;
+  static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
@@ -66,8 +73,10 @@ struct ForwardTuning<192> {
   static constexpr int kMinBlocksPerSm = 1;
 };
 
-// NOTES: 8 warps x 16 rows (O = 128 regs). One stage (FlashAttention-2's
-// K-while-PV / V-while-QK overlap) keeps smem at 128 KB, inside sm_80's limit.
+// NOTES: 8 warps x 16 rows (O = 128 regs). One stage (K loads during P V, V
+// during Q K^T) keeps smem at 128 KB, inside sm_80's limit; two stages (192 KB,
+// H100 only) measured within 2% (255/274/284 vs 252/270/280); N = 32 with two
+// stages: 212..234.
 template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 1;
@@ -75,11 +84,19 @@ struct ForwardTuning<256> {
   static constexpr int kMinBlocksPerSm = 1;
 };
 
-template <int HeadDim>
-constexpr int forward_smem_bytes() {
-  using T = ForwardTuning<HeadDim>;
-  return (T::kBlockM + 2 * T::kStages * T::kBlockN) * HeadDim * 2;
+template <class Cfg>
+constexpr int forward_smem_bytes(int head_dim) {
+  return (Cfg::kBlockM + 2 * Cfg::kStages * Cfg::kBlockN) * head_dim * 2;
 }
+
+// Every shape must run on sm_80 too (163 KB of shared memory per CTA).
+constexpr int kSm80MaxSmem = 163 * 1024;
+static_assert(forward_smem_bytes<ForwardTuning<32>>(32) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<ForwardTuning<64>>(64) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<ForwardTuning<96>>(96) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<ForwardTuning<128>>(128) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<ForwardTuning<192>>(192) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<ForwardTuning<256>>(256) <= kSm80MaxSmem, "smem");
 
 // The kernel head dims, ascending: a problem runs on the first >= its head dim.
 constexpr int kForwardHeadDims[] = {32, 64, 96, 128, 192, 256};

@@ -1,0 +1,101 @@
+// Tile-shape experiments for the sm80 forward kernel: times several tunings of
+// one head dim in one process (bf16, the bench_attention.py shapes: 16k
+// tokens, hidden 2048, random inputs, median of CUDA-event timings).
+// Not part of the library build; compile one head dim at a time:
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+//        -Iinclude -Isrc -DFWD_VARIANTS_HDIM=128 bench/fwd_variants.cu src/core/error.cpp -o fwd_variants_128
+// and compare against torch's FA2 from bench_attention.py --impls fa2 run alongside.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cuda/sm80/fwd/kernel.cuh"
+
+using namespace flashattn;
+using namespace flashattn::cuda::sm80;
+
+template <int M, int N, int W, int S, bool QRegs, int MinB>
+struct Shape {
+  static constexpr int kBlockM = M, kBlockN = N, kWarps = W, kStages = S;
+  static constexpr bool kQInRegs = QRegs;
+  static constexpr int kMinBlocksPerSm = MinB;
+};
+
+__global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    const float u = (h & 0xffffff) / 16777216.0f;  // uniform [0,1): variance 1/12
+    x[i] = __float2bfloat16((u - 0.5f) * 3.4641016f);
+  }
+}
+
+template <int D, class Cfg>
+void run(const char* name, __nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, __nv_bfloat16* o) {
+  for (int causal = 0; causal < 2; ++causal) {
+    for (int s : {1024, 4096, 16384}) {
+      const int h = 2048 / D, b = 16384 / s;
+      AttentionParams p;
+      p.dtype = FA_BF16;
+      p.device = FA_DEVICE_CUDA;
+      p.batch = b; p.seqlen_q = p.seqlen_k = s; p.heads_q = p.heads_kv = h; p.head_dim = D;
+      p.total_q = p.total_k = int64_t{b} * s;
+      p.q = q; p.k = k; p.v = v; p.out = o;
+      const int64_t rs = int64_t{h} * D, bs = rs * s;
+      p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = bs;
+      p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
+      p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = D;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+      p.causal = causal;
+      p.window_right = causal ? 0 : -1;
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0);
+      cudaEventCreate(&e1);
+      for (int i = 0; i < 3; ++i) launch_forward_with<D, __nv_bfloat16, Cfg>(p);
+      std::vector<float> ms;
+      for (int i = 0; i < 15; ++i) {
+        cudaEventRecord(e0);
+        launch_forward_with<D, __nv_bfloat16, Cfg>(p);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double flops = 4.0 * b * h * double(s) * s * D / (causal ? 2 : 1);
+      std::printf("| %s | %d | %s | %d | %.0f |\n", name, D, causal ? "causal" : "none", s,
+                  flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+    }
+  }
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) std::printf("%s: %s\n", name, cudaGetErrorString(err));
+}
+
+int main() {
+  const int64_t n = int64_t{16384} * 2048;
+  __nv_bfloat16 *q, *k, *v, *o;
+  cudaMalloc(&q, n * 2); cudaMalloc(&k, n * 2); cudaMalloc(&v, n * 2); cudaMalloc(&o, n * 2);
+  fill_random<<<1024, 256>>>(q, n, 1); fill_random<<<1024, 256>>>(k, n, 2); fill_random<<<1024, 256>>>(v, n, 3);
+  std::printf("| variant | hdim | mask | seqlen | TFLOP/s |\n|---|---|---|---|---|\n");
+#if FWD_VARIANTS_HDIM == 64
+  run<64, ForwardTuning<64>>("lib", q, k, v, o);
+  run<64, Shape<128, 64, 4, 2, true, 2>>("M128N64w4s2qr", q, k, v, o);
+  run<64, Shape<128, 128, 4, 1, false, 2>>("M128N128w4s1(spills)", q, k, v, o);
+  run<64, Shape<64, 128, 4, 1, true, 2>>("M64N128w4s1qr", q, k, v, o);
+  run<64, Shape<64, 128, 4, 1, false, 3>>("M64N128w4s1b3", q, k, v, o);
+#elif FWD_VARIANTS_HDIM == 128
+  run<128, ForwardTuning<128>>("lib", q, k, v, o);
+  run<128, Shape<64, 64, 4, 1, false, 2>>("M64N64w4s1", q, k, v, o);
+  run<128, Shape<128, 32, 4, 2, false, 2>>("M128N32w4s2", q, k, v, o);
+#elif FWD_VARIANTS_HDIM == 256
+  run<256, ForwardTuning<256>>("lib", q, k, v, o);
+  run<256, Shape<128, 64, 8, 2, false, 1>>("M128N64w8s2(192K)", q, k, v, o);
+  run<256, Shape<128, 32, 8, 1, false, 1>>("M128N32w8s1", q, k, v, o);
+#endif
+  return 0;
+}
