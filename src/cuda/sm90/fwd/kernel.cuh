@@ -49,10 +49,10 @@ struct FwdArgs {
 template <int D, typename T>
 struct FwdTraits {
   using Tune = ForwardTuning<D>;
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumers = Tune::kConsumers;  // warpgroups of 64 query rows
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = Tune::kBlockN;
   static constexpr int kStages = Tune::kStages;
-  static constexpr int kConsumers = 2;  // warpgroups of 64 rows
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kColBlocks = D / 64;
   static constexpr int kQBytes = kBlockM * D * 2;
@@ -68,7 +68,11 @@ struct FwdTraits {
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of P V: a multiple of 16");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
-  // Barrier ids for the ping-pong (0 is __syncthreads).
+  static_assert(kBlockM <= 256, "a TMA box has at most 256 rows");
+  static_assert(128 * (Tune::kProducerRegs + kConsumers * Tune::kConsumerRegs) <= 65536,
+                "setmaxnreg budget over the register file");
+  // Barrier ids for the ping-pong (0 is __syncthreads): consumer c waits on
+  // kTurnBarrier0 + c, which consumer c-1 (mod kConsumers) arrives on.
   static constexpr uint32_t kTurnBarrier0 = 1;
 };
 
@@ -220,7 +224,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
-    setmaxnreg_dec<kProducerRegs>();
+    setmaxnreg_dec<K::Tune::kProducerRegs>();
     if (threadIdx.x == 0) {
       tma_prefetch_map(&tma_q);
       tma_prefetch_map(&tma_k);
@@ -265,16 +269,18 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
     }
   } else {
     // ------------------------------------------------------------ consumers
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<K::Tune::kConsumerRegs>();
     const int cw = wg - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63 of the tile
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
     const bool varlen = p.is_varlen();
     constexpr bool kPingPong = K::Tune::kPingPong;
     constexpr uint32_t kTurnThreads = 256;
-    const uint32_t my_turn = K::kTurnBarrier0 + cw, other_turn = K::kTurnBarrier0 + (1 - cw);
-    // Ping-pong: warpgroup 0 issues first; warpgroup 1 hands it the first turn.
-    if (kPingPong && cw == 1) named_arrive(K::kTurnBarrier0, kTurnThreads);
+    // Ping-pong: the consumers issue their GEMMs in turn 0, 1, (2,) 0, ...; the
+    // last one hands warpgroup 0 the first turn.
+    const uint32_t my_turn = K::kTurnBarrier0 + cw;
+    const uint32_t other_turn = K::kTurnBarrier0 + (cw + 1) % K::kConsumers;
+    if (kPingPong && cw == K::kConsumers - 1) named_arrive(K::kTurnBarrier0, kTurnThreads);
 
     const uint32_t q_base = smem_addr(sQ) + cw * 64 * 128;
     const uint32_t k_base = smem_addr(sK);
@@ -488,8 +494,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
         }
       }
     }
-    // Balance the ping-pong: warpgroup 1's last hand-over to warpgroup 0 is
-    // consumed here, so no arrival is left pending on a hardware barrier.
+    // Balance the ping-pong: the last warpgroup's final hand-over to warpgroup
+    // 0 is consumed here, so no arrival is left pending on a hardware barrier.
     if (kPingPong && cw == 0) named_sync(K::kTurnBarrier0, kTurnThreads);
   }
 #endif

@@ -1,11 +1,12 @@
 // Every tuning choice of the Hopper forward kernel, per head dim, in one place.
 //
-// Fixed shape: kBlockM = 128 query rows per CTA, split over two consumer
-// warpgroups of 64 rows (wgmma's M is 64 per warpgroup), plus one producer
-// warpgroup that only issues TMA loads: 384 threads, one CTA per SM
-// (persistent). Registers: 65536 / 384 = 168 at launch; the producer gives
-// back down to kProducerRegs, the consumers take kConsumerRegs
-// (128 * (24 + 2 * 240) = 64512 <= 65536).
+// Shape: kConsumers consumer warpgroups of 64 query rows each (wgmma's M is
+// 64 per warpgroup; kBlockM = 64 * kConsumers rows per CTA) plus one producer
+// warpgroup that only issues TMA loads; one persistent CTA per SM.
+//   kConsumers / kProducerRegs / kConsumerRegs: registers are 65536 per SM,
+//             65536 / threads at launch; setmaxnreg moves them from the
+//             producer to the consumers: 128 * (kProducerRegs + kConsumers *
+//             kConsumerRegs) <= 65536 (2 consumers: 24 + 2 * 240; 3: 24 + 3 * 160).
 //
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
@@ -35,20 +36,26 @@
 #ifndef FLASHATTN_SM90_BLOCKN_256
 #define FLASHATTN_SM90_BLOCKN_256 80
 #endif
+#ifndef FLASHATTN_SM90_CONSUMERS_64
+#define FLASHATTN_SM90_CONSUMERS_64 3
+#endif
 
 namespace flashattn::cuda::sm90 {
-
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
 
 template <int HeadDim>
 struct ForwardTuning;
 
-// NOTES: d = 64 is bound by the softmax (exp per element is 1/64 of the
-// flops of d = 4096), so wide K/V tiles (fewer row-max/sum rounds per key)
-// and a deep ring (each tile is only 16 KB): 16 + 4 * 32 = 144 KB.
+// NOTES: d = 64 is bound by the softmax: per key tile a warpgroup's wgmmas
+// take about as many cycles (2*64*kBlockN*64*2 flops at ~4096 flops/clk/SM)
+// as its exponentials on the MUFU (64*kBlockN at 16/clk/SM). Three consumer
+// warpgroups (kBlockM 192, FA3's shape for d = 64) keep the tensor cores fed
+// while two of them are in their softmax; O (32) + S (64) + P (32) regs fit
+// in 160. Wide K/V tiles and a deep ring (each tile is only 16 KB):
+// 24 + 4 * 32 = 152 KB.
 template <>
 struct ForwardTuning<64> {
+  static constexpr int kConsumers = FLASHATTN_SM90_CONSUMERS_64;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static constexpr int kBlockN = 128, kStages = 4;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -56,10 +63,12 @@ struct ForwardTuning<64> {
 // NOTES: 176-key tiles (FA3's choice for d = 128): S 88 + O 64 + P 44 regs;
 // 32 + 2 * 88 = 208 KB. Measured on the H100 against 128-key tiles (bf16,
 // TFLOP/s at 2k / 8k / 16k): non-causal 528/628/635 vs 521/585/604, causal
-// 402/514/548 vs 417/498/518: better from 8k on, 4% worse at 2k causal (more
-// of each diagonal tile is masked away).
+// 402/514/548 vs 417/498/518; in the next run 496/592/614 vs 555/598/614 and
+// 388/505/529 vs 419/506/532 (in both, the variant timed second won): within
+// the run-to-run spread. Kept: it is the configuration the final tests ran.
 template <>
 struct ForwardTuning<128> {
+  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -72,6 +81,7 @@ struct ForwardTuning<128> {
 // softmax/barrier overhead is spread over 25% more keys.
 template <>
 struct ForwardTuning<256> {
+  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
