@@ -1,10 +1,11 @@
 // The Hopper forward kernel (FlashAttention-3's structure, our implementation).
 //
-// One persistent CTA per SM walks query tiles (128 rows of one head of one
-// sequence). Warpgroup 0 is the producer: one thread issues TMA loads of Q and
-// of K/V tiles into a kStages-deep ring (full/empty mbarriers per stage; K and
-// V have separate barriers because S = Q K^T needs K before P V needs V).
-// Warpgroups 1 and 2 are consumers, 64 query rows each: S = Q K^T with wgmma
+// One persistent CTA per SM walks query tiles (kBlockM = 64 * kConsumers rows
+// of one head of one sequence). Warpgroup 0 is the producer: one thread issues
+// TMA loads of Q and of K/V tiles into a kStages-deep ring (full/empty
+// mbarriers per stage; K and V have separate barriers because S = Q K^T needs
+// K before P V needs V). Warpgroups 1..kConsumers are consumers, 64 query rows
+// each, taking turns to issue their GEMMs (ping-pong): S = Q K^T with wgmma
 // from shared memory, online softmax in registers (masking with the shared
 // MaskPolicy, softcap), O += P V with wgmma taking P from registers.
 // The epilogue normalizes O, stores it straight from registers (rows past the
@@ -130,19 +131,6 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const Fw
   }
   return w;
 }
-
-template <typename T>
-struct Pack2;
-template <>
-struct Pack2<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
-};
-template <>
-struct Pack2<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
-};
 
 // 2^x in one MUFU.EX2 (exp2f adds a range check and a rescale per element for
 // denormal results, ~4 extra instructions on the softmax's critical path);
@@ -476,7 +464,6 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
         l[r] = sum;
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
       }
-      using T2 = typename Pack2<T>::type;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
@@ -485,8 +472,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
                                                       p.o_row_stride, p.o_head_stride, varlen);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-          *reinterpret_cast<T2*>(orow + 8 * i + 2 * (lane % 4)) =
-              Pack2<T>::make(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
+              pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
         }
         if (p.lse != nullptr && lane % 4 == 0) {
           p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
