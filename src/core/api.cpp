@@ -18,7 +18,10 @@ template <typename F>
 fa_status guarded(F&& f) {
   try {
     clear_error();
-    return f();
+    const fa_status status = f();
+    // A backend may try a faster path, fail, and fall back: success leaves no message.
+    if (status == FA_OK) clear_error();
+    return status;
   } catch (const std::bad_alloc&) {
     return fail(FA_ERROR_OUT_OF_MEMORY, "out of host memory");
   } catch (const std::exception& e) {

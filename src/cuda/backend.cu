@@ -56,12 +56,16 @@ fa_status check_common(const AttentionParams& p) {
     cudaGetLastError();
     return fail(FA_ERROR_INVALID_ARGUMENT, "cuda:" + std::to_string(p.device_index) + " does not exist");
   }
-  cudaDeviceProp prop{};
-  cudaError_t err = cudaGetDeviceProperties(&prop, p.device_index);
-  if (err != cudaSuccess) return cuda_error(err, "cudaGetDeviceProperties");
-  if (prop.major < kMinComputeMajor) {
-    return fail(FA_ERROR_UNSUPPORTED, "compute capability " + std::to_string(prop.major) + "." +
-                                          std::to_string(prop.minor) +
+  // An attribute query, not cudaGetDeviceProperties: this runs on every call.
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device_index);
+  }
+  if (err != cudaSuccess) return cuda_error(err, "cudaDeviceGetAttribute");
+  if (major < kMinComputeMajor) {
+    return fail(FA_ERROR_UNSUPPORTED, "compute capability " + std::to_string(major) + "." +
+                                          std::to_string(minor) +
                                           " is not supported (sm_80 or newer needed)");
   }
   // Every row starts 16-byte aligned: strides must be multiples of 8 elements.
