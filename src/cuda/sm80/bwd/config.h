@@ -4,29 +4,35 @@
 // registers for the whole walk over query tiles, so the tile is sized by the
 // register file first: (BN x D) f32 twice over 256 threads is 2*BN*D/256
 // registers per thread, and S, dP (BM x BN) plus the dQ tile (BM x D) come on
-// top. 255 is the hard limit and spilling is not allowed, so:
-//   D <= 128: BM 64, BN 128 -> dK+dV <= 128 regs, S+dP 64 regs.  A 128-key
-//             tile halves how often each Q/dO tile is read per key compared
-//             to BN 64, and the dQ atomics per key (BM*D per 128 keys).
-//   D  > 128: BM 64, BN 64  -> dK+dV <= 128 regs at D 256 (dQ 64 regs).
-// BM stays 64: the S/dP tiles and the P/dS shared buffers scale with BM*BN,
-// and a smaller BM doubles the dK/dV-vs-dQ traffic ratio the wrong way.
+// top. 255 is the hard limit and spilling is not allowed (ptxas -v is clean
+// for sm_80 and sm_90a at every head dim), so:
+//   D 64:       BM 128, BN 128: dK+dV 64 regs, S+dP 128. Twice the query rows
+//               per barrier of BM 64, which amortizes the per-tile fixed costs
+//               (barriers, P/dS stores, dQ reds): 0.72x -> 0.80x FA2 (H100,
+//               quick bench, 2026-11-22).
+//   D 32..128:  BM 64, BN 128: dK+dV <= 128 regs, S+dP 64. A 128-key tile
+//               halves how often each Q/dO tile is read per key compared to
+//               BN 64, and the dQ reds per key.
+//   D > 128:    BM 64, BN 64: dK+dV <= 128 regs at D 256 (dQ in two halves).
 // Warp layouts (warps along the M dimension of each product, the rest along N)
 // favour tall-and-wide warp tiles: a warp tile of m x n loads m/16 A and n/16
-// B ldmatrix.x4 per k-step for m*n/128 mma.sync, and shared-memory bandwidth,
+// B ldmatrix.x4 per k-step for m*n/128 mma.sync, and shared-memory traffic,
 // not the tensor cores, is what mma.sync kernels run out of on Hopper.
-//   S = Q K^T and dP = dO V^T (BM x BN): 2 x 4 warps (32 x 32) for BN 128,
-//                                         4 x 2 warps (16 x 32) for BN 64 and
-//                                         for D 128 (16 x 64 in two slices).
-//   dV, dK (BN x D):                      4 x 2 warps.
-//   dQ (BM x D):                          2 x 4 warps (32 x D/4) where D/4 is a
-//                                         multiple of 16 (D 64, 128, 192: fewer A
-//                                         reloads, and it is what fits 255
-//                                         registers at D 128), else 4 x 2; D 256
-//                                         in two column halves of 4 x 2.
+// Measured: D 128 with S/dP as 2 x 4 warps (32 x 32) instead of 4 x 2 in two
+// column slices: +12% (231 -> 258 TFLOP/s at seqlen 4k); D 256 with dK/dV as
+// 2 x 4 (32 x 64) instead of 4 x 2 (16 x 128): +3%.
+//   S = Q K^T and dP = dO V^T (BM x BN): 2 x 4 warps for BN 128 (4 x 2 at D 64,
+//                                         BM 128), 4 x 2 for BN 64.
+//   dV, dK (BN x D):                      4 x 2 warps (2 x 4 at D 256).
+//   dQ (BM x D):                          2 x 4 warps where D/4 is a multiple
+//                                         of 16, else 4 x 2 (and at D 64).
+// sm_80 code has no two-wide red, so its dQ adds take twice the instructions
+// and registers: at D 128 it spilled, and there (only) S/dP and dQ are done in
+// two column slices each. These fields are used by device code alone, so the
+// host pass (no __CUDA_ARCH__) never sees them disagree with the kernel.
 // Q/dO are double-buffered (cp.async of the next query tile overlaps the
 // current one's math) when the device has the shared memory for it (H100:
-// 227 KB per block; A100: 163 KB runs D 256 single-buffered).
+// 227 KB per block; A100, 163 KB, runs D 64, 128, 192, 256 single-buffered).
 #pragma once
 
 namespace flashattn::cuda::bwd {
@@ -37,23 +43,21 @@ constexpr int kThreads = kWarps * 32;
 template <int D>
 struct Config {
   static constexpr int kHeadDim = D;
-  static constexpr int kBlockM = 64;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr bool kSm80Tight = D == 128;
+#else
+  static constexpr bool kSm80Tight = false;
+#endif
+  static constexpr int kBlockM = D == 64 ? 128 : 64;
   static constexpr int kBlockN = D <= 128 ? 128 : 64;
   // Warps along M for each product (kWarps / that along N).
-  // (D 128 takes 4 x 2: with the column slices below its A fragments are half
-  // those of 2 x 4 for the same ldmatrix count, which is what keeps it under
-  // 255 registers with S and dP interleaved.)
-  static constexpr int kSdpWarpsM = kBlockN == 128 && D != 128 ? 2 : 4;
-  static constexpr int kDkvWarpsM = 4;
-  static constexpr int kDqWarpsM = (D / 8) % 16 == 0 && D != 256 ? 2 : 4;
-  // S and dP in column slices of the warp tile, each turned into P and dS
-  // before the next: at D 128 the dK+dV accumulators (128 regs) plus whole S
-  // and dP warp tiles (64) spilled in the inner loop (ptxas: 68 B); halves hold
-  // 32 and do not spill, for one more read of the Q/dO fragments per slice.
-  static constexpr int kSdpSplits = D == 128 ? 2 : 1;
-  // dQ in column slices of D / kDqSplits: at D 256 dK+dV take 128 registers
-  // and a whole 64x256 f32 dQ tile (64 more) spilled.
-  static constexpr int kDqSplits = D == 256 || D == 128 ? 2 : 1;
+  static constexpr int kSdpWarpsM = D == 64 || kBlockN == 64 || kSm80Tight ? 4 : 2;
+  static constexpr int kDkvWarpsM = D == 256 ? 2 : 4;
+  static constexpr int kDqWarpsM = D != 64 && (D / 8) % 16 == 0 ? 2 : 4;
+  // Column slices of the S/dP warp tile and of the dQ tile (each slice is
+  // finished before the next): fewer live accumulators for more ldmatrix.
+  static constexpr int kSdpSplits = kSm80Tight ? 2 : 1;
+  static constexpr int kDqSplits = D == 256 || kSm80Tight ? 2 : 1;
   // Shared-memory rows are padded by one 16-byte chunk: a row of C chunks then
   // starts C+1 chunks after the previous one, and with C+1 odd the 8 rows an
   // ldmatrix reads land on 8 distinct bank groups (conflict-free) for every D.

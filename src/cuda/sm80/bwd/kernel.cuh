@@ -65,98 +65,92 @@ constexpr float kLog2e = 1.4426950408889634f;
 // a/b are shared-memory byte addresses of the warp tile's origin. K-major
 // operands are read with ldmatrix.trans, which delivers the transposed
 // fragment, so every product of the backward reads its operands in place.
-template <int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
-__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], uint32_t a, int a_stride,
-                                          uint32_t b, int b_stride, int lane) {
+//
+// NP = 2 runs two products of one shape in the same k-loop (acc0 += A0 B0,
+// acc1 += A1 B1). NOTES: a warp tile of MT x NT accumulators has only MT*NT
+// independent mma.sync per k-step before the next k-step depends on them; at
+// 1 x 4 (S and dP at D 128) that is shorter than the mma latency and the warp
+// stalls (ncu "wait"). S with dP, and dV with dK, interleaved double it.
+// Fragments are software-pipelined one step ahead: the ldmatrix of the next
+// B pair (and, at a k-step boundary, the next A fragments) is issued before
+// the current step's mma.sync, so the shared-memory latency overlaps math.
+template <int NP, int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
+__device__ __forceinline__ void warp_gemm_n(float (&acc0)[MT][NT][4], float (&acc1)[MT][NT][4],
+                                            uint32_t a0, uint32_t a1, int a_stride, uint32_t b0,
+                                            uint32_t b1, int b_stride, int lane) {
+  static_assert(NP == 1 || NP == 2, "one or two products");
   static_assert(NT % 2 == 0, "B fragments are loaded for 16 columns at a time");
   static_assert(KDIM % 16 == 0, "k-steps of 16");
+  constexpr int KS = KDIM / 16, NJ = NT / 2;
   // Per-lane row/column of the 8x8 matrix this lane addresses (see mma.h).
-  const int a_row = A_KMAJOR ? (lane & 7) + ((lane >> 4) << 3) : (lane & 15);
-  const int a_col = A_KMAJOR ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
-  const int b_row = B_KMAJOR ? (lane & 7) + ((lane >> 3) & 1) * 8 : (lane & 7) + ((lane >> 4) << 3);
-  const int b_col = B_KMAJOR ? (lane >> 4) * 8 : ((lane >> 3) & 1) * 8;
-  const uint32_t a_lane = a + 2u * (a_row * a_stride + a_col);
-  const uint32_t b_lane = b + 2u * (b_row * b_stride + b_col);
-#pragma unroll
-  for (int k0 = 0; k0 < KDIM; k0 += 16) {
-    uint32_t af[MT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-      if constexpr (A_KMAJOR) {
-        ldmatrix_x4_trans(af[mi], a_lane + 2u * (k0 * a_stride + mi * 16));
-      } else {
-        ldmatrix_x4(af[mi], a_lane + 2u * (mi * 16 * a_stride + k0));
-      }
-    }
-#pragma unroll
-    for (int nj = 0; nj < NT / 2; ++nj) {
-      uint32_t bf[4];
-      if constexpr (B_KMAJOR) {
-        ldmatrix_x4_trans(bf, b_lane + 2u * (k0 * b_stride + nj * 16));
-      } else {
-        ldmatrix_x4(bf, b_lane + 2u * (nj * 16 * b_stride + k0));
-      }
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        mma_m16n8k16<T>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
-        mma_m16n8k16<T>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
-      }
-    }
-  }
-}
-
-// Two products of one shape in one k-loop: acc0 += A0 * B0, acc1 += A1 * B1
-// (same strides and layouts). NOTES: a warp tile of MT x NT accumulators has
-// only MT*NT independent mma.sync per k-step before the next k-step depends on
-// them; at 2 x 2 (S and dP at D 128) that is shorter than the mma latency and
-// the warp stalls (ncu "wait"). S with dP, and dV with dK, interleaved double
-// the independent work per k-step.
-template <int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
-__device__ __forceinline__ void warp_gemm2(float (&acc0)[MT][NT][4], float (&acc1)[MT][NT][4],
-                                           uint32_t a0, uint32_t a1, int a_stride, uint32_t b0,
-                                           uint32_t b1, int b_stride, int lane) {
-  static_assert(NT % 2 == 0, "B fragments are loaded for 16 columns at a time");
-  static_assert(KDIM % 16 == 0, "k-steps of 16");
   const int a_row = A_KMAJOR ? (lane & 7) + ((lane >> 4) << 3) : (lane & 15);
   const int a_col = A_KMAJOR ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
   const int b_row = B_KMAJOR ? (lane & 7) + ((lane >> 3) & 1) * 8 : (lane & 7) + ((lane >> 4) << 3);
   const int b_col = B_KMAJOR ? (lane >> 4) * 8 : ((lane >> 3) & 1) * 8;
   const uint32_t a_off = 2u * (a_row * a_stride + a_col);
   const uint32_t b_off = 2u * (b_row * b_stride + b_col);
+  const uint32_t a_base[2] = {a0 + a_off, a1 + a_off};
+  const uint32_t b_base[2] = {b0 + b_off, b1 + b_off};
+  uint32_t af[2][NP][MT][4];  // [k-step parity][product][m tile]
+  uint32_t bf[2][NP][4];      // [step parity][product]: B of n tiles 2nj, 2nj+1
+  auto load_a = [&](int k, int buf) {
 #pragma unroll
-  for (int k0 = 0; k0 < KDIM; k0 += 16) {
-    uint32_t af0[MT][4], af1[MT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-      const uint32_t o = A_KMAJOR ? 2u * (k0 * a_stride + mi * 16) : 2u * (mi * 16 * a_stride + k0);
-      if constexpr (A_KMAJOR) {
-        ldmatrix_x4_trans(af0[mi], a0 + a_off + o);
-        ldmatrix_x4_trans(af1[mi], a1 + a_off + o);
-      } else {
-        ldmatrix_x4(af0[mi], a0 + a_off + o);
-        ldmatrix_x4(af1[mi], a1 + a_off + o);
-      }
-    }
-#pragma unroll
-    for (int nj = 0; nj < NT / 2; ++nj) {
-      uint32_t bf0[4], bf1[4];
-      const uint32_t o = B_KMAJOR ? 2u * (k0 * b_stride + nj * 16) : 2u * (nj * 16 * b_stride + k0);
-      if constexpr (B_KMAJOR) {
-        ldmatrix_x4_trans(bf0, b0 + b_off + o);
-        ldmatrix_x4_trans(bf1, b1 + b_off + o);
-      } else {
-        ldmatrix_x4(bf0, b0 + b_off + o);
-        ldmatrix_x4(bf1, b1 + b_off + o);
-      }
+    for (int pr = 0; pr < NP; ++pr)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
-        mma_m16n8k16<T>(acc0[mi][2 * nj], af0[mi], bf0[0], bf0[1]);
-        mma_m16n8k16<T>(acc1[mi][2 * nj], af1[mi], bf1[0], bf1[1]);
-        mma_m16n8k16<T>(acc0[mi][2 * nj + 1], af0[mi], bf0[2], bf0[3]);
-        mma_m16n8k16<T>(acc1[mi][2 * nj + 1], af1[mi], bf1[2], bf1[3]);
+        if constexpr (A_KMAJOR) {
+          ldmatrix_x4_trans(af[buf][pr][mi], a_base[pr] + 2u * (k * 16 * a_stride + mi * 16));
+        } else {
+          ldmatrix_x4(af[buf][pr][mi], a_base[pr] + 2u * (mi * 16 * a_stride + k * 16));
+        }
+      }
+  };
+  auto load_b = [&](int k, int nj, int buf) {
+#pragma unroll
+    for (int pr = 0; pr < NP; ++pr) {
+      if constexpr (B_KMAJOR) {
+        ldmatrix_x4_trans(bf[buf][pr], b_base[pr] + 2u * (k * 16 * b_stride + nj * 16));
+      } else {
+        ldmatrix_x4(bf[buf][pr], b_base[pr] + 2u * (nj * 16 * b_stride + k * 16));
+      }
+    }
+  };
+  load_a(0, 0);
+  load_b(0, 0, 0);
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+#pragma unroll
+    for (int nj = 0; nj < NJ; ++nj) {
+      const int step = k * NJ + nj;
+      if (nj + 1 < NJ) {
+        load_b(k, nj + 1, (step + 1) & 1);
+      } else if (k + 1 < KS) {
+        load_a(k + 1, (k + 1) & 1);
+        load_b(k + 1, 0, (step + 1) & 1);
+      }
+      const int ab = k & 1, bb = step & 1;
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        mma_m16n8k16<T>(acc0[mi][2 * nj], af[ab][0][mi], bf[bb][0][0], bf[bb][0][1]);
+        if constexpr (NP == 2) mma_m16n8k16<T>(acc1[mi][2 * nj], af[ab][NP - 1][mi], bf[bb][NP - 1][0], bf[bb][NP - 1][1]);
+        mma_m16n8k16<T>(acc0[mi][2 * nj + 1], af[ab][0][mi], bf[bb][0][2], bf[bb][0][3]);
+        if constexpr (NP == 2) mma_m16n8k16<T>(acc1[mi][2 * nj + 1], af[ab][NP - 1][mi], bf[bb][NP - 1][2], bf[bb][NP - 1][3]);
       }
     }
   }
+}
+
+template <int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], uint32_t a, int a_stride,
+                                          uint32_t b, int b_stride, int lane) {
+  warp_gemm_n<1, MT, NT, KDIM, A_KMAJOR, B_KMAJOR, T>(acc, acc, a, a, a_stride, b, b, b_stride, lane);
+}
+
+template <int MT, int NT, int KDIM, bool A_KMAJOR, bool B_KMAJOR, typename T>
+__device__ __forceinline__ void warp_gemm2(float (&acc0)[MT][NT][4], float (&acc1)[MT][NT][4],
+                                           uint32_t a0, uint32_t a1, int a_stride, uint32_t b0,
+                                           uint32_t b1, int b_stride, int lane) {
+  warp_gemm_n<2, MT, NT, KDIM, A_KMAJOR, B_KMAJOR, T>(acc0, acc1, a0, a1, a_stride, b0, b1, b_stride, lane);
 }
 
 template <int MT, int NT>
