@@ -75,6 +75,10 @@ def make_fns(b, h, s, d, causal, backward):
             run(q, k, v, out, lse, causal)
             return out
     fns["ours"] = (ours_fwd, (lambda: ours_fwd().backward(dout)) if backward else None)
+    if backward:  # the deterministic backward (--impls ours,ours-det,...): its cost vs "ours"
+        def ours_det_fwd():
+            return flashattn.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        fns["ours-det"] = (ours_det_fwd, lambda: ours_det_fwd().backward(dout))
 
     for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         def sdpa_fwd(backend=backend):
