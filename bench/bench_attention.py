@@ -108,9 +108,13 @@ def main():
     ap.add_argument("--masks", default="none,causal")
     ap.add_argument("--backward", action="store_true", help="time the backward pass instead")
     ap.add_argument("--impls", default="ours,fa2,cudnn")
+    ap.add_argument("--sm80", action="store_true",
+                    help="time the sm80 (mma.sync) kernels on every GPU (sets FLASHATTN_DISABLE_SM90=1)")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/<date>-<device>-<mode>.md)")
     args = ap.parse_args()
 
+    if args.sm80:
+        os.environ["FLASHATTN_DISABLE_SM90"] = "1"  # read by the library at every call
     impls = args.impls.split(",")
     mode = "backward" if args.backward else "forward"
     dev = torch.cuda.get_device_name()
@@ -156,8 +160,14 @@ def main():
             commit += "+dirty"
     except OSError:
         commit = "unknown"
+    if commit == "unknown":  # a copy of the tree without .git (e.g. on a lent GPU machine)
+        commit = os.environ.get("FLASHATTN_COMMIT", "unknown")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("FLASHATTN_LIBRARY", "FLASHATTN_DISABLE_SM90")
+                   if k in os.environ)
     cmd = " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
+    if env:
+        cmd = f"{env} {cmd}"
     out = args.out or os.path.join(HERE, "results", f"{date[:10]}-{dev.replace(' ', '_')}-{mode}.md")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:

@@ -36,7 +36,7 @@ template <int D, class Cfg>
 void run(const char* name, __nv_bfloat16* q, __nv_bfloat16* k, __nv_bfloat16* v, __nv_bfloat16* o) {
   for (int causal = 0; causal < 2; ++causal) {
     for (int s : {1024, 4096, 16384}) {
-      const int h = 2048 / D, b = 16384 / s;
+      const int h = 2048 / (D == 192 ? 128 : D), b = 16384 / s;  // 192: as many heads as 128
       AttentionParams p;
       p.dtype = FA_BF16;
       p.device = FA_DEVICE_CUDA;
@@ -84,18 +84,20 @@ int main() {
   std::printf("| variant | hdim | mask | seqlen | TFLOP/s |\n|---|---|---|---|---|\n");
 #if FWD_VARIANTS_HDIM == 64
   run<64, ForwardTuning<64>>("lib", q, k, v, o);
-  run<64, Shape<128, 64, 4, 2, true, 2>>("M128N64w4s2qr", q, k, v, o);
-  run<64, Shape<128, 128, 4, 1, false, 2>>("M128N128w4s1(spills)", q, k, v, o);
-  run<64, Shape<64, 128, 4, 1, true, 2>>("M64N128w4s1qr", q, k, v, o);
-  run<64, Shape<64, 128, 4, 1, false, 3>>("M64N128w4s1b3", q, k, v, o);
+  run<64, Shape<128, 64, 4, 1, true, 2>>("M128N64w4s1qr", q, k, v, o);
+  run<64, Shape<128, 64, 4, 3, true, 2>>("M128N64w4s3qr", q, k, v, o);
+  run<64, Shape<128, 32, 4, 2, true, 2>>("M128N32w4s2qr", q, k, v, o);
 #elif FWD_VARIANTS_HDIM == 128
   run<128, ForwardTuning<128>>("lib", q, k, v, o);
-  run<128, Shape<64, 64, 4, 1, false, 2>>("M64N64w4s1", q, k, v, o);
-  run<128, Shape<128, 32, 4, 2, false, 2>>("M128N32w4s2", q, k, v, o);
+  run<128, Shape<64, 64, 4, 2, false, 2>>("M64N64w4s2", q, k, v, o);
+  run<128, Shape<64, 64, 4, 3, false, 2>>("M64N64w4s3", q, k, v, o);
+  run<128, Shape<64, 64, 4, 2, true, 2>>("M64N64w4s2qr", q, k, v, o);
+#elif FWD_VARIANTS_HDIM == 192
+  run<192, ForwardTuning<192>>("lib", q, k, v, o);
+  run<192, Shape<64, 32, 4, 2, false, 2>>("M64N32w4s2", q, k, v, o);
 #elif FWD_VARIANTS_HDIM == 256
   run<256, ForwardTuning<256>>("lib", q, k, v, o);
-  run<256, Shape<128, 64, 8, 2, false, 1>>("M128N64w8s2(192K)", q, k, v, o);
-  run<256, Shape<128, 32, 8, 1, false, 1>>("M128N32w8s1", q, k, v, o);
+  run<256, Shape<64, 32, 4, 2, false, 2>>("M64N32w4s2", q, k, v, o);
 #endif
   return 0;
 }

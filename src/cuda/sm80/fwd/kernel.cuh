@@ -2,11 +2,10 @@
 //
 // One CTA owns kBlockM query rows of one (sequence, head); each warp owns
 // kBlockM / kWarps of them. The CTA walks the K/V tiles its rows can see
-// (MaskPolicy::key_begin/key_end), through a ring of kStages shared-memory
-// slots filled by cp.async:
-//   wait K_j; S = Q K_j^T (V_{j+kStages-1} loading)
-//   mask (boundary tiles only), online softmax in registers
-//   wait V_j; O += P V_j  (K_{j+kStages} loading)
+// (MaskPolicy::key_begin/key_end), through kStages shared-memory slots filled
+// by cp.async (see the pipeline note in the kernel):
+//   S = Q K_j^T; mask and softcap (boundary tiles only); online softmax in
+//   registers; O += P V_j with P straight from the S registers
 // and writes O / l and the logsumexp once at the end.
 #pragma once
 
@@ -32,27 +31,41 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // How kThreads threads copy a swizzled [kRows][kCols] tile in 16-byte chunks.
 // NOTES: each thread keeps one chunk column and steps down kRowsPerPass rows at
-// a time, kRowsPerPass a multiple of 8 so the swizzle of its rows never
-// changes: the addresses are a base plus a constant per step, and nothing
-// per-chunk stays live in registers across the K/V loop (computing each
+// a time. With kRowsPerPass a multiple of 8 the swizzle of its rows never
+// changes; with 4 (4 warps on head dim 256) it alternates between two values.
+// Either way the addresses are one or two bases plus a constant per step, and
+// nothing per-chunk stays live in registers across the K/V loop (computing each
 // chunk's address from scratch made the compiler hoist 8 64-bit pointers per
 // tile and spill). Threads past kRowsPerPass * kChunks idle (head dims 96 and
 // 192, whose 12/24 chunks do not divide the thread count).
 template <class Tile, int kThreads>
 struct TileCopy {
-  static constexpr int kRowsPerPass = (kThreads / Tile::kChunks) / 8 * 8;
+  static constexpr int kRowsPerPass = (kThreads / Tile::kChunks) >= 8
+                                          ? (kThreads / Tile::kChunks) / 8 * 8
+                                          : (kThreads / Tile::kChunks) / 4 * 4;
   static constexpr int kPasses = Tile::kRows / kRowsPerPass;
-  static_assert(kRowsPerPass >= 8 && Tile::kRows % kRowsPerPass == 0, "tile copy shape");
+  static constexpr bool kTwoSwizzles = kRowsPerPass % 8 != 0;
+  static_assert(kRowsPerPass >= 4 && Tile::kRows % (kTwoSwizzles ? 8 : kRowsPerPass) == 0,
+                "tile copy shape");
+  static constexpr uint32_t kRowBytes = Tile::kAtom * 16;
 
   int row, chunk;  // this thread's first row and its column chunk
   bool active;
-  uint32_t smem;   // byte offset of (row, chunk)
+  uint32_t smem0, smem1;  // byte offsets of (row, chunk) and (row + 4, chunk)
 
   __device__ __forceinline__ explicit TileCopy(int tid)
       : row(tid / Tile::kChunks), chunk(tid % Tile::kChunks),
-        active(tid < kRowsPerPass * Tile::kChunks), smem(Tile::offset(row, chunk)) {}
+        active(tid < kRowsPerPass * Tile::kChunks), smem0(Tile::offset(row, chunk)),
+        smem1(kTwoSwizzles ? Tile::offset(row + 4, chunk) : 0u) {}
 
-  static constexpr uint32_t kPassBytes = kRowsPerPass * Tile::kAtom * 16;
+  // Byte offset of this thread's chunk in pass i.
+  __device__ __forceinline__ uint32_t pass_offset(int i) const {
+    if constexpr (kTwoSwizzles) {
+      return (i & 1) ? smem1 + (i - 1) * kRowsPerPass * kRowBytes : smem0 + i * kRowsPerPass * kRowBytes;
+    } else {
+      return smem0 + i * kRowsPerPass * kRowBytes;
+    }
+  }
 
   // Rows [0, rows_valid) x columns [0, cols_valid) of a global tile (rows
   // `row_stride` elements apart) into shared memory at dst; the rest zero-filled.
@@ -70,7 +83,7 @@ struct TileCopy {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool ok = col_ok && row + i * kRowsPerPass < rows_valid;
-      cp_async_16(dst + smem + i * kPassBytes, ok ? g : src, ok);
+      cp_async_16(dst + pass_offset(i), ok ? g : src, ok);
       g += step;
     }
   }
@@ -84,7 +97,7 @@ struct TileCopy {
     for (int i = 0; i < kPasses; ++i) {
       if (row + i * kRowsPerPass < rows_valid) {
         *reinterpret_cast<uint4*>(dst + (row + i * kRowsPerPass) * row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(src_smem + smem + i * kPassBytes);
+            *reinterpret_cast<const uint4*>(src_smem + pass_offset(i));
       }
     }
   }
@@ -146,29 +159,40 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   const TileCopy<QTile, kThreads> q_copy(tid);
   const TileCopy<KVTile, kThreads> kv_copy(tid);
   // Tile j of K (V) is loaded into slot j % kStages.
-  auto load_k = [&](int j, int slot) {
+  auto issue_k = [&](int j, int slot) {
     if (j < n_tiles) {
       const int n0 = (n_first + j) * kN;
       kv_copy.load(sK(slot), k + n0 * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n0, d_valid);
     }
-    cp_async_commit();  // empty groups keep the wait counts uniform
   };
-  auto load_v = [&](int j, int slot) {
+  auto issue_v = [&](int j, int slot) {
     if (j < n_tiles) {
       const int n0 = (n_first + j) * kN;
       kv_copy.load(sV(slot), v + n0 * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n0, d_valid);
     }
-    cp_async_commit();
   };
-
-  // Prologue: Q with K_0, then V_0, K_1, ..., K_{kStages-1}: loads are issued
-  // in the order K_0 V_0 K_1 V_1 ..., one group each, 2*kStages-1 ahead.
+  // Two pipelines (cp.async groups are committed even when empty, so the wait
+  // counts stay the same on every tile):
+  //  kStages == 1: K and V in separate groups; V_j loads during Q K_j^T and
+  //    K_{j+1} during P V_j; two barriers per tile (FlashAttention-2's scheme,
+  //    least shared memory).
+  //  kStages >= 2: K_j and V_j in one group, kStages - 1 tiles ahead; one
+  //    barrier per tile.
+  constexpr bool kSplitKV = kStages == 1;
+  constexpr int kPending = kSplitKV ? 0 : kStages - 2;  // groups allowed in flight at a wait
   q_copy.load(sQ, q, p.q_row_stride, rows_valid, d_valid);
-  load_k(0, 0);
+  issue_k(0, 0);
+  if constexpr (kSplitKV) {
+    cp_async_commit();  // Q, K_0
+  } else {
+    issue_v(0, 0);
+    cp_async_commit();  // Q, K_0, V_0
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    load_v(s, s);
-    load_k(s + 1, s + 1);
+    for (int s = 1; s < kStages - 1; ++s) {
+      issue_k(s, s);
+      issue_v(s, s);
+      cp_async_commit();
+    }
   }
 
   // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
@@ -307,7 +331,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 
   if constexpr (Cfg::kQInRegs) {
     if (n_tiles > 0) {
-      cp_async_wait<2 * kStages - 2>();  // Q (with K_0) landed
+      cp_async_wait<kPending>();  // Q (with K_0) landed
       __syncthreads();
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -319,10 +343,19 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = (n_first + j) * kN;
-    const int slot = j % kStages, prev_slot = (j + kStages - 1) % kStages;
-    cp_async_wait<2 * kStages - 2>();  // K_j (and, at j = 0, Q) landed
-    __syncthreads();                   // ... for every thread; V slot of j-1 free
-    load_v(j + kStages - 1, prev_slot);
+    const int slot = j % kStages;
+    if constexpr (kSplitKV) {
+      cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
+      __syncthreads();     // ... for every thread; V_{j-1} is no longer read
+      issue_v(j, 0);
+      cp_async_commit();
+    } else {
+      cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
+      __syncthreads();            // ... for every thread; the slot of tile j-1 is free
+      issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
+      issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
+      cp_async_commit();
+    }
 
     // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
     if (!softcap && mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN)) {
@@ -331,9 +364,12 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
       scores(std::true_type{}, slot, n0);
     }
 
-    cp_async_wait<2 * kStages - 2>();  // V_j landed
-    __syncthreads();                   // ... for every thread; K slot of j free
-    load_k(j + kStages, slot);
+    if constexpr (kSplitKV) {
+      cp_async_wait<0>();  // V_j landed
+      __syncthreads();     // ... for every thread; K_j is no longer read
+      issue_k(j + 1, 0);
+      cp_async_commit();
+    }
 
     // O += P V_j, P straight from the S accumulators (C layout == A layout).
 #pragma unroll

@@ -4,9 +4,10 @@
 //             rows each (16 or 32: one or two m16 tiles per warp; two let a
 //             K/V fragment read from shared memory feed two mma's).
 //   kBlockN   keys per K/V tile.
-//   kStages   K/V tiles in flight (ring depth). With 1, the next K tile loads
-//             while P V runs and the V tile while Q K^T runs (FlashAttention-2's
-//             overlap); 2 adds a whole tile of look-ahead.
+//   kStages   K/V tiles in flight. 1: K and V load separately, the next K
+//             during P V and V during Q K^T (FlashAttention-2's overlap, two
+//             barriers per tile, least shared memory). >= 2: K and V load
+//             together kStages - 1 tiles ahead, one barrier per tile.
 //   kQInRegs  keep the Q fragments in registers for the whole K/V loop
 //             instead of re-reading them from shared memory every tile.
 //   kMinBlocksPerSm  __launch_bounds__ occupancy hint: caps registers so that
@@ -36,8 +37,10 @@ struct ForwardTuning<32> {
 };
 
 // NOTES: 32 rows per warp (each K/V fragment feeds 2 mma's), Q in registers
-// (32 regs). Measured 262/286/298 (seqlen 1k/4k/16k) against 217..277 for
-// 64-row tiles and 260..294 for N = 128 (which spills). 48 KB.
+// (32 regs). Two stages with one barrier per tile: 269/290/298 (seqlen
+// 1k/4k/16k; causal 205/267/289) against 258/272/299 for one stage, 256..280
+// for three, 228..254 for N = 32, 217..277 for 64-row tiles and 260..294 for
+// N = 128 (which spills). 48 KB.
 template <>
 struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
@@ -55,8 +58,9 @@ struct ForwardTuning<96> {
 
 // NOTES: 32 rows per warp does not fit: O (128) + S (64) + fragments spill at
 // N = 64 and at N = 32 ran 261..294. 16 rows per warp with N = 128 keys per tile
-// (half the tiles, so half the barriers and softmax reductions) ran 289/316/313
-// against 245/266/282 for N = 64. One stage: 80 KB, 2 CTAs/SM.
+// (half the tiles, so half the barriers and softmax reductions) ran 284/317/310
+// against 239..279 for N = 64 with two or three stages (one barrier per tile).
+// One stage: 80 KB, 2 CTAs/SM.
 template <>
 struct ForwardTuning<128> {
   static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
@@ -64,24 +68,25 @@ struct ForwardTuning<128> {
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: O would be 192 regs at 32 rows per warp: 8 warps of 16 rows each.
-// 144 KB smem: one CTA/SM (fits sm_80's 163 KB).
+// NOTES: 16 rows per warp (O = 96 regs), 4 warps, 72 KB: 2 CTAs/SM. Two CTAs
+// of 4 warps beat one of 8 (128 rows, 144 KB): 285/309/308 against 255/275/279;
+// N = 32 with two stages: 246..282.
 template <>
 struct ForwardTuning<192> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 2;
+  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
-  static constexpr int kMinBlocksPerSm = 1;
+  static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: 8 warps x 16 rows (O = 128 regs). One stage (K loads during P V, V
-// during Q K^T) keeps smem at 128 KB, inside sm_80's limit; two stages (192 KB,
-// H100 only) measured within 2% (255/274/284 vs 252/270/280); N = 32 with two
-// stages: 212..234.
+// NOTES: as 192: 4 warps x 16 rows (O = 128 regs), 96 KB, so 2 CTAs/SM on an
+// H100 (1 on an A100): 289/314/314 against 256/274/280 for one CTA of 8 warps
+// (128 rows), whose barriers stall the whole SM. N = 32 with two stages:
+// 242..278; N = 128 spills.
 template <>
 struct ForwardTuning<256> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 1;
+  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
-  static constexpr int kMinBlocksPerSm = 1;
+  static constexpr int kMinBlocksPerSm = 2;
 };
 
 template <class Cfg>
