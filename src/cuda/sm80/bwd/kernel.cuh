@@ -42,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -362,7 +363,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n_tile = gridDim.x - 1 - blockIdx.x;  // highest key tile first (see NOTES)
+  // Deterministic mode dispatches the highest key tile first (see NOTES); the
+  // atomic mode the lowest, which under a causal mask is the longest walk, so
+  // the long CTAs start first and the short ones fill the tail.
+  const int n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int hk = blockIdx.y, b = blockIdx.z;
   const SequenceInfo seq = sequence_info(p, b);
   const int k0 = n_tile * BN;
@@ -558,7 +562,12 @@ fa_status run_main(const AttentionParams& p, const Workspace& ws) {
   int device = 0, optin = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  const int stages = SharedLayout<D>::bytes(2) <= optin ? 2 : 1;
+  // NOTES: FLASHATTN_BWD_SINGLE_STAGE=1 forces the single-buffered path that
+  // devices with less shared memory (A100: 163 KB) take, so that path is
+  // tested on any GPU (tests/gpu/test_cuda_backward.cpp); it is no tuning knob.
+  const char* single = std::getenv("FLASHATTN_BWD_SINGLE_STAGE");
+  const bool force_single = single != nullptr && single[0] == '1';
+  const int stages = !force_single && SharedLayout<D>::bytes(2) <= optin ? 2 : 1;
   const int bytes = SharedLayout<D>::bytes(stages);
   if (bytes > optin) {
     return fail(FA_ERROR_UNSUPPORTED, "the backward kernel for head dim " + std::to_string(D) +
