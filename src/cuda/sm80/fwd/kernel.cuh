@@ -103,6 +103,9 @@ struct TileCopy {
   }
 };
 
+// The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
+// tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);
+// bench/fwd_variants.cu instantiates others to compare shapes in one process.
 template <int kD, typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
