@@ -26,8 +26,12 @@
 //   every tile wait for tile 0's walk. The grid is launched with the highest
 //   key tile first (blockIdx.x reversed), so a waiting CTA's predecessor was
 //   dispatched before it and the chain cannot deadlock.
-// - Masks are runtime: a (query tile, key tile) pair that tile_fully_visible()
-//   clears skips per-element checks; others test MaskPolicy::visible.
+// - Masks are runtime (no template per mask): a (query tile, key tile) pair
+//   that MaskPolicy::tile_fully_visible() clears runs no per-element test;
+//   others first set the scores outside each row's visible key range
+//   [first_key, end_key) (from the same MaskPolicy) to -inf.
+// - dQ shares are added with red (fire-and-forget) reductions, two floats per
+//   instruction on sm_90; the accumulator is [heads_q][total_q][kernel dim].
 // - The softmax scale is applied to dK here (epilogue) and to dQ in the
 //   post-pass, not folded into dS: scaled dS values (P * (dP - D) / sqrt(d))
 //   reach fp16's subnormal range, where they lose bits that the tolerance
