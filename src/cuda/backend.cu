@@ -122,6 +122,18 @@ fa_status check_forward(const AttentionParams& p) {
 
 fa_status check_backward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
+  // 16-byte loads of out/dout and stores of dq; dk/dv share the rule.
+  const int64_t strides[] = {p.o_batch_stride,  p.o_row_stride,  p.o_head_stride,
+                             p.do_batch_stride, p.do_row_stride, p.do_head_stride,
+                             p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
+                             p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
+                             p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0) {
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  "strides of out, dout, dq, dk, dv must be multiples of 8 elements (16 bytes) on CUDA");
+    }
+  }
   FA_RETURN_IF_ERROR(check_device_pointer(p.dout, "dout", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.dq, "dq", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.dk, "dk", p.device_index));

@@ -8,6 +8,7 @@
 
 #include "core/backends.h"
 #include "core/error.h"
+#include "cuda/common/device_guard.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
 
@@ -69,33 +70,6 @@ fa_status run_all(const AttentionParams& p, const bwd::Workspace& ws) {
   return bwd::run_postpass<T>(p, ws);
 }
 
-fa_status check_grad_strides(const AttentionParams& p) {
-  // 16-byte loads of dout and stores of dq; dk/dv take 4-byte stores but share the rule.
-  const int64_t strides[] = {p.do_batch_stride, p.do_row_stride, p.do_head_stride,
-                             p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
-                             p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
-                             p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) {
-      return fail(FA_ERROR_INVALID_ARGUMENT,
-                  "strides of dout, dq, dk, dv must be multiples of 8 elements (16 bytes) on CUDA");
-    }
-  }
-  return FA_OK;
-}
-
-// Makes p.device_index current for the call and restores the caller's device.
-struct DeviceGuard {
-  int previous = -1;
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (previous >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
-  }
-};
-
 fa_status device_error(cudaError_t err, const char* what) {
   cudaGetLastError();
   return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
@@ -106,7 +80,6 @@ fa_status device_error(cudaError_t err, const char* what) {
 size_t backward_workspace_size(const AttentionParams& p) { return plan(p).total(); }
 
 fa_status backward(const AttentionParams& params) {
-  FA_RETURN_IF_ERROR(check_grad_strides(params));
   DeviceGuard guard(params.device_index);
   AttentionParams p = params;
   const WorkspacePlan w = plan(p);

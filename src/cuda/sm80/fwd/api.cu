@@ -5,6 +5,7 @@
 
 #include "core/backends.h"
 #include "core/error.h"
+#include "cuda/common/device_guard.h"
 #include "cuda/sm80/fwd/launch.h"
 #include "cuda/sm90/fwd/api.h"
 
@@ -26,6 +27,7 @@ fa_status dispatch_head_dim(const AttentionParams& p) {
 }  // namespace
 
 fa_status forward(const AttentionParams& p) {
+  DeviceGuard guard(p.device_index);
   // Hopper kernel first where it applies (FLASHATTN_DISABLE_SM90=1 forces sm80).
   if (sm90::can_run_forward(p))
     if (const fa_status s = sm90::run_forward(p); s != FA_ERROR_UNSUPPORTED) return s;
