@@ -160,7 +160,7 @@ TEST(ApiErrors, BadScaleAndSoftcap) {
 
 TEST(ApiErrors, IndexArithmeticOverflow) {
   Call c;
-  c.p.q.desc.strides[0] = int64_t{1} << 62;  // (batch-1) * stride alone is fine, but batch is 1 ...
+  c.p.q.desc.strides[0] = int64_t{1} << 62;  // (batch - 1) * stride = 3 * 2^62 > INT64_MAX
   c.p.q.desc.shape[0] = 4;
   c.p.k.desc.shape[0] = 4;
   c.p.v.desc.shape[0] = 4;
@@ -200,6 +200,14 @@ TEST(ApiErrors, WorkspaceTooSmall) {
   expect_error(fa_backward(&c.p.q.desc, &c.p.k.desc, &c.p.v.desc, &c.out.desc, &c.p.dout.desc,
                            &c.lse.desc, &dq.desc, &dk.desc, &dv.desc, nullptr, &c.o, tiny, sizeof tiny),
                FA_ERROR_INVALID_ARGUMENT, "workspace");
+}
+
+TEST(ApiErrors, AbsurdThreadCountIsCapped) {
+  Call c;
+  c.o.num_threads = 1 << 30;  // capped to a few threads per core, not a billion
+  EXPECT_EQ(c.forward(), FA_OK) << fa_last_error();
+  c.o.num_threads = -1;
+  expect_error(c.forward(), FA_ERROR_INVALID_ARGUMENT, "num_threads");
 }
 
 TEST(ApiErrors, EmptyInputsAreFine) {

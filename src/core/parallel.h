@@ -16,10 +16,18 @@ inline int default_thread_count() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+// Threads to use for a requested count (0 = all hardware threads). Requests
+// beyond a few per core only cost memory and start-up, so they are capped.
+constexpr int kMaxThreadsPerCore = 4;
+inline int resolve_thread_count(int requested) {
+  const int hardware = default_thread_count();
+  return requested > 0 ? std::min(requested, kMaxThreadsPerCore * hardware) : hardware;
+}
+
 // fn(item, thread_index) for every item; thread_index < the returned thread count.
 template <typename Fn>
 int parallel_for(int64_t n, int num_threads, Fn&& fn) {
-  int threads = num_threads > 0 ? num_threads : default_thread_count();
+  int threads = resolve_thread_count(num_threads);
   threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
   std::atomic<int64_t> next{0};
   auto worker = [&](int t) {

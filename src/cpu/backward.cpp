@@ -183,7 +183,7 @@ fa_status backward(const AttentionParams& p) {
   }
   compute_row_d(p, row_d);
 
-  const int threads = p.num_threads > 0 ? p.num_threads : default_thread_count();
+  const int threads = resolve_thread_count(p.num_threads);
   std::vector<BackwardScratch> scratch(static_cast<size_t>(threads), BackwardScratch(p.head_dim));
   const int k_tiles = ceil_div(p.seqlen_k, kBlockK);
   parallel_for(static_cast<int64_t>(p.batch) * p.heads_kv * k_tiles, threads,

@@ -84,14 +84,14 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
 }  // namespace
 
 size_t forward_workspace_size(const AttentionParams& p) {
-  const int threads = p.num_threads > 0 ? p.num_threads : default_thread_count();
+  const int threads = resolve_thread_count(p.num_threads);
   return static_cast<size_t>(threads) * ForwardScratch::bytes(p.head_dim);
 }
 
 fa_status forward(const AttentionParams& p) {
   const int q_tiles = ceil_div(p.seqlen_q, kBlockQ);
   const int64_t items = static_cast<int64_t>(p.batch) * p.heads_q * q_tiles;
-  const int threads = p.num_threads > 0 ? p.num_threads : default_thread_count();
+  const int threads = resolve_thread_count(p.num_threads);
   std::vector<ForwardScratch> scratch(static_cast<size_t>(std::min<int64_t>(threads, std::max<int64_t>(items, 1))),
                                       ForwardScratch(p.head_dim));
   parallel_for(items, static_cast<int>(scratch.size()), [&](int64_t item, int thread) {
