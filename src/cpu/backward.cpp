@@ -20,12 +20,19 @@ namespace flashattn::cpu {
 namespace {
 
 struct BackwardScratch {
-  std::vector<float> q, dout, kt, vt, k, s, dp, grad, grad2, lse, row_d;
+  std::vector<float> q, dout, kt, vt, k, s, dp, pt, dst, grad, grad2, lse, row_d;
   explicit BackwardScratch(int d)
       : q(kBlockQ * d), dout(kBlockQ * d), kt(d * kBlockK), vt(d * kBlockK), k(kBlockK * d),
-        s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), grad(kBlockK * d), grad2(kBlockK * d),
-        lse(kBlockQ), row_d(kBlockQ) {}
+        s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), pt(kBlockK * kBlockQ), dst(kBlockK * kBlockQ),
+        grad(kBlockK * d), grad2(kBlockK * d), lse(kBlockQ), row_d(kBlockQ) {}
 };
+
+// dst[j][i] = src[i][j] for the first `rows` rows of a kBlockQ x kBlockK tile.
+void transpose_tile(const float* src, int rows, float* dst) {
+  static_assert(kBlockQ == kBlockK, "square tiles");
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < kBlockK; ++j) dst[j * kBlockQ + i] = src[i * kBlockK + j];
+}
 
 RowTensor dout_rows(const AttentionParams& p) {
   return {p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride};
@@ -120,19 +127,11 @@ void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, 
       const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
       load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
       recompute_p_and_ds(p, mask, q0, rows, k0, cols, w);
-      for (int i = 0; i < rows; ++i) {
-        const float* qi = &w.q[i * d];
-        const float* doi = &w.dout[i * d];
-        for (int j = 0; j < cols; ++j) {
-          const float pij = w.s[i * kBlockK + j], dsij = w.dp[i * kBlockK + j];
-          float* dvj = &dv[j * d];
-          float* dkj = &dk[j * d];
-          for (int c = 0; c < d; ++c) {
-            dvj[c] += pij * doi[c];
-            dkj[c] += dsij * qi[c];
-          }
-        }
-      }
+      // dV += P^T dO ; dK += dS^T Q (the transposes make them the forward's P V product)
+      transpose_tile(w.s.data(), rows, w.pt.data());
+      transpose_tile(w.dp.data(), rows, w.dst.data());
+      matmul_acc_p_b(w.pt.data(), w.dout.data(), cols, rows, d, dv.data());
+      matmul_acc_p_b(w.dst.data(), w.q.data(), cols, rows, d, dk.data());
     }
   }
   store_rows(p, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, b, seq.row_k, k0, cols,

@@ -62,31 +62,14 @@ inline void load_tile_transposed(const AttentionParams& p, const RowTensor& t, i
   for (int c = 0; c < d; ++c) std::fill(dst + c * kBlockK + rows, dst + (c + 1) * kBlockK, 0.0f);
 }
 
+// The dense inner loops, in kernels.cpp (compiled for AVX2+FMA where the CPU has
+// it, baseline x86-64 otherwise).
+
 // C[rows][kBlockK] = A[rows][d] * Bt[d][kBlockK]
-inline void matmul_a_bt(const float* a, const float* bt, int rows, int d, float* c) {
-  for (int i = 0; i < rows; ++i) {
-    float* ci = c + i * kBlockK;
-    std::fill(ci, ci + kBlockK, 0.0f);
-    for (int k = 0; k < d; ++k) {
-      const float aik = a[i * d + k];
-      const float* bk = bt + k * kBlockK;
-      for (int j = 0; j < kBlockK; ++j) ci[j] += aik * bk[j];
-    }
-  }
-}
+void matmul_a_bt(const float* a, const float* bt, int rows, int d, float* c);
 
 // C[rows][d] += P[rows][kBlockK] * B[cols][d]
-inline void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, float* c) {
-  for (int i = 0; i < rows; ++i) {
-    float* ci = c + i * d;
-    for (int j = 0; j < cols; ++j) {
-      const float pij = p[i * kBlockK + j];
-      if (pij == 0.0f) continue;
-      const float* bj = b + j * d;
-      for (int k = 0; k < d; ++k) ci[k] += pij * bj[k];
-    }
-  }
-}
+void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, float* c);
 
 // Scores in place: softcap, then -inf outside the mask (tile origin q0, k0).
 // Partially visible tiles pay for the mask; fully visible ones skip it.
