@@ -2,10 +2,12 @@
 // and dispatch to the kernel families.
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "core/backends.h"
 #include "core/error.h"
+#include "cuda/common/device_guard.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -41,6 +43,19 @@ fa_status check_device_pointer(const void* ptr, const char* name, int device_ind
   return FA_OK;
 }
 
+// Rows are read and written 16 bytes at a time, so every row must start 16-byte
+// aligned: strides in multiples of 8 (16-bit) elements.
+constexpr int64_t kStrideMultiple = kAlignmentBytes / 2;
+fa_status check_row_strides(std::initializer_list<int64_t> strides, const char* tensors) {
+  for (int64_t s : strides) {
+    if (s % kStrideMultiple != 0) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, std::string("strides of ") + tensors +
+                                                 " must be multiples of 8 elements (16 bytes) on CUDA");
+    }
+  }
+  return FA_OK;
+}
+
 fa_status check_common(const AttentionParams& p) {
   if (p.dtype != FA_F16 && p.dtype != FA_BF16) {
     return fail(FA_ERROR_UNSUPPORTED, std::string("the CUDA backend supports f16 and bf16, not ") +
@@ -68,16 +83,10 @@ fa_status check_common(const AttentionParams& p) {
                                           std::to_string(minor) +
                                           " is not supported (sm_80 or newer needed)");
   }
-  // Every row starts 16-byte aligned: strides must be multiples of 8 elements.
-  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride,
-                             p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                             p.v_batch_stride, p.v_row_stride, p.v_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) {
-      return fail(FA_ERROR_INVALID_ARGUMENT,
-                  "strides of q, k, v must be multiples of 8 elements (16 bytes) on CUDA");
-    }
-  }
+  FA_RETURN_IF_ERROR(check_row_strides({p.q_batch_stride, p.q_row_stride, p.q_head_stride,
+                                         p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                                         p.v_batch_stride, p.v_row_stride, p.v_head_stride},
+                                        "q, k, v"));
   FA_RETURN_IF_ERROR(check_device_pointer(p.q, "q", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.k, "k", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.v, "v", p.device_index));
@@ -103,37 +112,24 @@ bool available(const char** why) {
 }
 
 fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index) {
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_index);
-  cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-  cudaSetDevice(previous);
+  DeviceGuard guard(device_index);
+  const cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
   if (err != cudaSuccess) return cuda_error(err, "copying cu_seqlens to the host");
   return FA_OK;
 }
 
 fa_status check_forward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
-  if (p.o_batch_stride % 8 || p.o_row_stride % 8 || p.o_head_stride % 8) {
-    return fail(FA_ERROR_INVALID_ARGUMENT, "strides of out must be multiples of 8 elements on CUDA");
-  }
-  return FA_OK;
+  return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
 }
 
 fa_status check_backward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
-  // 16-byte loads of out/dout and stores of dq; dk/dv share the rule.
-  const int64_t strides[] = {p.o_batch_stride,  p.o_row_stride,  p.o_head_stride,
-                             p.do_batch_stride, p.do_row_stride, p.do_head_stride,
-                             p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
-                             p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
-                             p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride};
-  for (int64_t s : strides) {
-    if (s % 8 != 0) {
-      return fail(FA_ERROR_INVALID_ARGUMENT,
-                  "strides of out, dout, dq, dk, dv must be multiples of 8 elements (16 bytes) on CUDA");
-    }
-  }
+  FA_RETURN_IF_ERROR(check_row_strides(
+      {p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
+       p.do_head_stride, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride,
+       p.dk_row_stride, p.dk_head_stride, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride},
+      "out, dout, dq, dk, dv"));
   FA_RETURN_IF_ERROR(check_device_pointer(p.dout, "dout", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.dq, "dq", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.dk, "dk", p.device_index));

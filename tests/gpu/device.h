@@ -24,6 +24,22 @@ namespace flashattn::testing {
       GTEST_SKIP() << "no GPU: " << fa_backend_unavailable_reason(FA_BACKEND_CUDA);   \
   } while (0)
 
+// True on a compute capability 9.0 GPU (the Hopper kernels' target).
+inline bool device_is_sm90() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
+// Skips the test unless a compute capability 9.0 GPU is visible.
+#define FA_REQUIRE_SM90()                                                       \
+  do {                                                                          \
+    FA_REQUIRE_GPU();                                                           \
+    if (!device_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU";  \
+  } while (0)
+
 struct CudaFree {
   void operator()(void* p) const { cudaFree(p); }
 };

@@ -19,20 +19,6 @@
 namespace flashattn::testing {
 namespace {
 
-bool device_is_sm90() {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-}
-
-#define FA_REQUIRE_SM90()                                                     \
-  do {                                                                        \
-    FA_REQUIRE_GPU();                                                         \
-    if (!device_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU"; \
-  } while (0)
-
 struct ForwardRun {
   HostTensor out, lse;
 };
