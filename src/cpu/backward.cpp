@@ -68,20 +68,25 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0
   finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
   matmul_a_bt(w.dout.data(), w.vt.data(), rows, d, w.dp.data());  // dP = dO V^T
   const float inv_cap = p.softcap > 0 ? 1.0f / p.softcap : 0.0f;
+  float softcap_grad[kBlockK];  // d/du [c tanh(u/c)] = 1 - (s/c)^2 per key of one row
   for (int i = 0; i < rows; ++i) {
-    for (int j = 0; j < kBlockK; ++j) {
-      float& s = w.s[i * kBlockK + j];
-      float& dp = w.dp[i * kBlockK + j];
-      if (s == kNegInf || w.lse[i] == kNegInf) {
-        s = 0.0f;
-        dp = 0.0f;
-        continue;
+    float* s = &w.s[i * kBlockK];
+    float* dp = &w.dp[i * kBlockK];
+    if (w.lse[i] == kNegInf) {  // the row sees no key: zero gradients
+      std::fill(s, s + kBlockK, 0.0f);
+      std::fill(dp, dp + kBlockK, 0.0f);
+      continue;
+    }
+    if (p.softcap > 0) {
+      for (int j = 0; j < kBlockK; ++j) {
+        softcap_grad[j] = s[j] == kNegInf ? 0.0f : 1.0f - (s[j] * inv_cap) * (s[j] * inv_cap);
       }
-      const float capped = s;
-      s = std::exp(s - w.lse[i]);
-      float ds = s * (dp - w.row_d[i]);
-      if (p.softcap > 0) ds *= 1.0f - (capped * inv_cap) * (capped * inv_cap);
-      dp = ds * p.scale;
+    }
+    exp_shifted(s, w.lse[i]);  // P = exp(S - lse); masked scores (-inf) give 0
+    for (int j = 0; j < kBlockK; ++j) {
+      float ds = s[j] * (dp[j] - w.row_d[i]);
+      if (p.softcap > 0) ds *= softcap_grad[j];
+      dp[j] = ds * p.scale;
     }
   }
 }

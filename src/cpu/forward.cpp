@@ -51,11 +51,7 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
       if (m_new == kNegInf) continue;  // nothing visible yet in this row
       // P = exp(S - m_new); l = l * exp(m - m_new) + rowsum(P); O *= exp(m - m_new)
       const float correction = std::exp(w.row_max[i] - m_new);
-      float sum = 0.0f;
-      for (int j = 0; j < kBlockK; ++j) {
-        si[j] = std::exp(si[j] - m_new);
-        sum += si[j];
-      }
+      const float sum = exp_shifted(si, m_new);
       w.row_sum[i] = w.row_sum[i] * correction + sum;
       w.row_max[i] = m_new;
       float* acc = &w.acc[i * d];

@@ -71,6 +71,10 @@ void matmul_a_bt(const float* a, const float* bt, int rows, int d, float* c);
 // C[rows][d] += P[rows][kBlockK] * B[cols][d]
 void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, float* c);
 
+// s[j] = exp(s[j] - shift) over one row of kBlockK scores (exp(-inf) = 0, and so is
+// anything below 2^-126); returns their sum.
+float exp_shifted(float* s, float shift);
+
 // Scores in place: softcap, then -inf outside the mask (tile origin q0, k0).
 // Partially visible tiles pay for the mask; fully visible ones skip it.
 inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
