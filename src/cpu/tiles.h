@@ -38,15 +38,34 @@ inline RowTensor v_rows(const AttentionParams& p) {
   return {p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride};
 }
 
+// Calls fn(load) with load(base, index) -> float for the dtype: the switch on
+// the dtype happens once per tile, not per element, so row loops vectorize.
+template <typename Fn>
+inline void with_loader(fa_dtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case FA_F16:
+      fn([](const void* base, int64_t i) { return fp16_to_float(static_cast<const uint16_t*>(base)[i]); });
+      break;
+    case FA_BF16:
+      fn([](const void* base, int64_t i) { return bf16_to_float(static_cast<const uint16_t*>(base)[i]); });
+      break;
+    default:
+      fn([](const void* base, int64_t i) { return static_cast<const float*>(base)[i]; });
+      break;
+  }
+}
+
 // dst[r][c] = src(row0 + r)[c] * multiplier, rows beyond `rows` zero-filled to `tile_rows`.
 inline void load_tile(const AttentionParams& p, const RowTensor& t, int b, int64_t seq_first_row,
                       int row0, int rows, int tile_rows, int head, float multiplier, float* dst) {
   const int d = p.head_dim;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride, t.row_stride,
-                                   t.head_stride, p.is_varlen());
-    for (int c = 0; c < d; ++c) dst[r * d + c] = load_as_float(t.data, off + c, p.dtype) * multiplier;
-  }
+  with_loader(p.dtype, [&](auto load) {
+    for (int r = 0; r < rows; ++r) {
+      const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride,
+                                     t.row_stride, t.head_stride, p.is_varlen());
+      for (int c = 0; c < d; ++c) dst[r * d + c] = load(t.data, off + c) * multiplier;
+    }
+  });
   std::fill(dst + rows * d, dst + tile_rows * d, 0.0f);
 }
 
@@ -54,11 +73,13 @@ inline void load_tile(const AttentionParams& p, const RowTensor& t, int b, int64
 inline void load_tile_transposed(const AttentionParams& p, const RowTensor& t, int b,
                                  int64_t seq_first_row, int row0, int rows, int head, float* dst) {
   const int d = p.head_dim;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride, t.row_stride,
-                                   t.head_stride, p.is_varlen());
-    for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = load_as_float(t.data, off + c, p.dtype);
-  }
+  with_loader(p.dtype, [&](auto load) {
+    for (int r = 0; r < rows; ++r) {
+      const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride,
+                                     t.row_stride, t.head_stride, p.is_varlen());
+      for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = load(t.data, off + c);
+    }
+  });
   for (int c = 0; c < d; ++c) std::fill(dst + c * kBlockK + rows, dst + (c + 1) * kBlockK, 0.0f);
 }
 
