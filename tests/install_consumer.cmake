@@ -1,5 +1,6 @@
-# Installs the built library into a scratch prefix, builds examples/ against it
-# with find_package(flashattn), and runs the example: the install is usable.
+# The two ways a project consumes flashattn, each building and running examples/:
+#   - install into a scratch prefix, then find_package(flashattn);
+#   - add_subdirectory of the source tree (CPU only, to keep it quick).
 set(prefix ${BINARY_DIR}/install-test/prefix)
 set(consumer ${BINARY_DIR}/install-test/consumer)
 file(REMOVE_RECURSE ${BINARY_DIR}/install-test)
@@ -20,4 +21,20 @@ execute_process(COMMAND ${consumer}/forward_backward RESULT_VARIABLE rc OUTPUT_V
 message("${out}")
 if(rc OR NOT out MATCHES "as expected: invalid argument: heads_q")
   message(FATAL_ERROR "the example failed (${rc})")
+endif()
+
+set(subdir ${BINARY_DIR}/install-test/subdirectory)
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/subdirectory_consumer -B ${subdir}
+                        -G Ninja -DFLASHATTN_SOURCE_DIR=${SOURCE_DIR} -DFLASHATTN_CUDA=OFF
+                        RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the add_subdirectory consumer failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${subdir} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the add_subdirectory consumer failed")
+endif()
+execute_process(COMMAND ${subdir}/forward_backward RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+if(rc OR NOT out MATCHES "as expected: invalid argument: heads_q")
+  message(FATAL_ERROR "the add_subdirectory example failed (${rc})")
 endif()
