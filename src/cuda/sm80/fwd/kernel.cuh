@@ -203,14 +203,16 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   const bool softcap = p.softcap > 0.0f;
   const float scale_log2 = softcap ? kLog2e : p.scale * kLog2e;
 
-  // ldmatrix.x4 row addresses: matrix i = lane / 8 covers rows 8*(i%2)..+7 and
-  // chunk i/2 of a 16x16 block, for Q, K and V alike. Q: the A fragment in
-  // order. K (keys x d): regs = b0 of n-tile 0, b0 of n-tile 1, b1 of 0, b1 of 1.
-  // V (keys x d, transposed): b0, b1 of d-tile 0, then of d-tile 1.
-  // NOTES: one lane pattern for the three tiles means one set of swizzled
-  // offsets in registers; separate patterns cost ~8 more registers and spilled
-  // at head dim 128.
+  // ldmatrix.x4 row addresses. Q and V: matrix i = lane / 8 covers rows
+  // 8*(i%2)..+7 and chunk i/2 of a 16x16 block; Q gets the A fragment in order,
+  // V (keys x d, transposed) b0, b1 of d-tile 0, then of d-tile 1. K (keys x d):
+  // matrix i covers keys 8*(i/2)..+7 and chunk i%2, so the registers are b0, b1
+  // of n-tile 0, then of n-tile 1.
+  // NOTES: mma.sync takes its B operand as a pair of consecutive registers. With
+  // the Q pattern for K the pairs came out as (r0, r2), (r1, r3), and ptxas
+  // spent ~1.3 MOVs per mma re-pairing them (and registers to hold the copies).
   const auto frag_lane = QTile::lane(lane & 15, lane >> 4);
+  const auto k_lane = KVTile::lane((lane & 7) | ((lane >> 4) << 3), (lane >> 3) & 1);
   static_assert(QTile::kAtom == KVTile::kAtom, "Q and K/V tiles share the swizzle");
 
   float acc[kMT][kDT][4];
@@ -258,11 +260,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bk[4];
-        ldmatrix_x4(bk, sK(slot) + KVTile::at(frag_lane, np * 16, kk * 2));
+        ldmatrix_x4(bk, sK(slot) + KVTile::at(k_lane, np * 16, kk * 2));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[2]);
-          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[1], bk[3]);
+          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
         }
       }
     }
@@ -290,6 +292,8 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
 
     // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
+    float corr[kMT][2];
+    bool max_moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -302,7 +306,8 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
         // A row with nothing visible yet keeps m = -inf; subtracting 0 then
         // gives P = 2^-inf = 0 and no NaN.
         const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-        const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
+        corr[mt][hf] = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
+        max_moved |= mx != row_max[mt][hf];
         row_max[mt][hf] = mx;
         float sum = 0.0f;
 #pragma unroll
@@ -312,13 +317,21 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
             s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled));
             sum += s[mt][nt][e];
           }
-        row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          acc[mt][dt][2 * hf] *= corr;
-          acc[mt][dt][2 * hf + 1] *= corr;
-        }
+        row_sum[mt][hf] = row_sum[mt][hf] * corr[mt][hf] + sum;
       }
+    // NOTES: with kSkipRescale the O rescale runs only when some row of the
+    // warp moved its max (one vote, a warp-uniform branch). An unmoved finite
+    // max gives corr = 2^0 = 1 exactly; an unmoved -inf max has O = 0. Either
+    // way skipping changes no bit. Once the maxima settle (long rows) most
+    // tiles skip kMT * kD / 2 FMULs per thread.
+    if (!Cfg::kSkipRescale || __any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][dt][e] *= corr[mt][e >> 1];
+    }
 
     // P to 16 bits now: half the registers of S while V lands.
 #pragma unroll

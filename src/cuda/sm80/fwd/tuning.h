@@ -10,6 +10,8 @@
 //             together kStages - 1 tiles ahead, one barrier per tile.
 //   kQInRegs  keep the Q fragments in registers for the whole K/V loop
 //             instead of re-reading them from shared memory every tile.
+//   kSkipRescale  skip the O *= 2^(m - m') rescale on tiles where no row of
+//             the warp moved its max (a warp vote and a uniform branch).
 //   kMinBlocksPerSm  __launch_bounds__ occupancy hint: caps registers so that
 //             many CTAs fit on an SM (65536 registers / SM).
 // Shared memory = (kBlockM + 2 * kStages * kBlockN) * head_dim * 2 bytes; it
@@ -33,6 +35,7 @@ template <>
 struct ForwardTuning<32> {
   static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = true;
+  static constexpr bool kSkipRescale = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -44,7 +47,8 @@ struct ForwardTuning<32> {
 template <>
 struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = true;
+  static constexpr bool kQInRegs = false;
+  static constexpr bool kSkipRescale = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -53,6 +57,7 @@ template <>
 struct ForwardTuning<96> {
   static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
+  static constexpr bool kSkipRescale = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -63,8 +68,9 @@ struct ForwardTuning<96> {
 // One stage: 80 KB, 2 CTAs/SM.
 template <>
 struct ForwardTuning<128> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
+  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
+  static constexpr bool kSkipRescale = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -75,6 +81,7 @@ template <>
 struct ForwardTuning<192> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
+  static constexpr bool kSkipRescale = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -86,6 +93,7 @@ template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
+  static constexpr bool kSkipRescale = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
