@@ -228,17 +228,14 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   }
   uint32_t q_frag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kKQ : 1][4];
 
-  // S = Q K^T for the K tile in `slot`, then the online softmax over it, P
-  // left in pk as 16-bit A fragments. kMasked (a boundary tile, or softcap on)
-  // adds the softcap and the per-element mask; the plain version has no
-  // branch between the first mma and the last exp2, so the compiler can
-  // interleave them freely.
-  // NOTES: a runtime `if` around the mask inside one body split it into basic
-  // blocks; two bodies chosen once per tile measured faster (docs/perf-notes.md).
+  // The four steps of a K/V tile, as lambdas so the two loops below share them:
+  //   qk: S = Q K^T for the K tile in `slot`
+  //   mask_scores: softcap and the per-element mask (boundary tiles, softcap)
+  //   softmax: online softmax over S, P left in pk as 16-bit A fragments
+  //   pv: O += P V for the V tile in `slot`
+  using Scores = float[kMT][kNT][4];
   uint32_t pk[kMT][kKP][4];
-  auto scores = [&](auto masked, int slot, int n0) {
-    constexpr bool kMasked = decltype(masked)::value;
-    float s[kMT][kNT][4];
+  auto qk = [&](Scores& s, int slot) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -268,32 +265,32 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
         }
       }
     }
+  };
 
-    if constexpr (kMasked) {
-      if (softcap) {
-        const float cap_in = p.scale / p.softcap;
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * cap_in);
-      }
+  auto mask_scores = [&](Scores& s, int n0) {
+    if (softcap) {
+      const float cap_in = p.scale / p.softcap;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
-            const int col = n0 + nt * 8 + 2 * t + (e & 1);
-            if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
-          }
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * cap_in);
     }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
+          const int col = n0 + nt * 8 + 2 * t + (e & 1);
+          if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+        }
+  };
 
-    // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
-    float corr[kMT][2];
-    bool max_moved = false;
+  // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
+  auto softmax = [&](Scores& s) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -306,8 +303,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
         // A row with nothing visible yet keeps m = -inf; subtracting 0 then
         // gives P = 2^-inf = 0 and no NaN.
         const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-        corr[mt][hf] = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
-        max_moved |= mx != row_max[mt][hf];
+        const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
         row_max[mt][hf] = mx;
         float sum = 0.0f;
 #pragma unroll
@@ -317,21 +313,13 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
             s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled));
             sum += s[mt][nt][e];
           }
-        row_sum[mt][hf] = row_sum[mt][hf] * corr[mt][hf] + sum;
+        row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          acc[mt][dt][2 * hf] *= corr;
+          acc[mt][dt][2 * hf + 1] *= corr;
+        }
       }
-    // NOTES: with kSkipRescale the O rescale runs only when some row of the
-    // warp moved its max (one vote, a warp-uniform branch). An unmoved finite
-    // max gives corr = 2^0 = 1 exactly; an unmoved -inf max has O = 0. Either
-    // way skipping changes no bit. Once the maxima settle (long rows) most
-    // tiles skip kMT * kD / 2 FMULs per thread.
-    if (!Cfg::kSkipRescale || __any_sync(0xffffffffu, max_moved)) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][dt][e] *= corr[mt][e >> 1];
-    }
 
     // P to 16 bits now: half the registers of S while V lands.
 #pragma unroll
@@ -343,6 +331,23 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
         pk[mt][kk][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
         pk[mt][kk][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
+  };
+
+  // O += P V_j, P straight from the S accumulators (C layout == A layout).
+  auto pv = [&](int slot) {
+#pragma unroll
+    for (int kk = 0; kk < kKP; ++kk) {
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(frag_lane, kk * 16, dp * 2));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<T>(acc[mt][2 * dp], pk[mt][kk], bv[0], bv[1]);
+          mma_m16n8k16<T>(acc[mt][2 * dp + 1], pk[mt][kk], bv[2], bv[3]);
+        }
+      }
+    }
   };
 
   if constexpr (Cfg::kQInRegs) {
@@ -357,49 +362,88 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
   }
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = (n_first + j) * kN;
-    const int slot = j % kStages;
-    if constexpr (kSplitKV) {
-      cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
-      __syncthreads();     // ... for every thread; V_{j-1} is no longer read
-      issue_v(j, 0);
-      cp_async_commit();
-    } else {
-      cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
-      __syncthreads();            // ... for every thread; the slot of tile j-1 is free
+  // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
+  auto needs_mask = [&](int n0) {
+    return softcap || !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN);
+  };
+
+  if constexpr (!Cfg::kOverlapQK) {
+    for (int j = 0; j < n_tiles; ++j) {
+      const int n0 = (n_first + j) * kN;
+      const int slot = j % kStages;
+      if constexpr (kSplitKV) {
+        cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
+        __syncthreads();     // ... for every thread; V_{j-1} is no longer read
+        issue_v(j, 0);
+        cp_async_commit();
+      } else {
+        cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
+        __syncthreads();            // ... for every thread; the slot of tile j-1 is free
+        issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
+        issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
+        cp_async_commit();
+      }
+
+      // Two bodies, chosen once per tile: the plain one has no branch between
+      // the first mma and the last exp2, so the compiler interleaves freely.
+      // NOTES: a runtime `if` around the mask inside one body split it into
+      // basic blocks; two bodies measured faster (docs/perf-notes.md).
+      Scores s;
+      if (needs_mask(n0)) {
+        qk(s, slot);
+        mask_scores(s, n0);
+        softmax(s);
+      } else {
+        qk(s, slot);
+        softmax(s);
+      }
+
+      if constexpr (kSplitKV) {
+        cp_async_wait<0>();  // V_j landed
+        __syncthreads();     // ... for every thread; K_j is no longer read
+        issue_k(j + 1, 0);
+        cp_async_commit();
+      }
+      pv(slot);
+    }
+  } else {
+    // Q K_{j+1}^T is issued together with the softmax of tile j, in one basic
+    // block, so the tensor cores work on the next scores while the same warp
+    // runs the exp2s (mma.sync is asynchronous until its result is read).
+    // Tile j+1 must have landed at iteration j: K_j and V_j load as one
+    // group, kStages - 1 >= 2 tiles ahead. Masking of tile j happens before
+    // that block. The loop is unrolled by two with the roles of the two score
+    // arrays swapped, so no registers are copied between iterations.
+    // NOTES: the last tile takes a body without the next Q K^T rather than
+    // computing a throw-away one.
+    static_assert(kStages >= 3, "Q K_{j+1}^T during tile j needs tile j+1 loaded");
+    auto step = [&](int j, Scores& s_cur, Scores& s_next) {
+      const int n0 = (n_first + j) * kN;
+      cp_async_wait<kStages - 3>();  // tiles j and j+1 landed
+      __syncthreads();               // ... for every thread; the slot of tile j-1 is free
       issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
       issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
       cp_async_commit();
-    }
-
-    // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
-    if (!softcap && mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN)) {
-      scores(std::false_type{}, slot, n0);
-    } else {
-      scores(std::true_type{}, slot, n0);
-    }
-
-    if constexpr (kSplitKV) {
-      cp_async_wait<0>();  // V_j landed
-      __syncthreads();     // ... for every thread; K_j is no longer read
-      issue_k(j + 1, 0);
-      cp_async_commit();
-    }
-
-    // O += P V_j, P straight from the S accumulators (C layout == A layout).
-#pragma unroll
-    for (int kk = 0; kk < kKP; ++kk) {
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(frag_lane, kk * 16, dp * 2));
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(acc[mt][2 * dp], pk[mt][kk], bv[0], bv[1]);
-          mma_m16n8k16<T>(acc[mt][2 * dp + 1], pk[mt][kk], bv[2], bv[3]);
-        }
+      if (j + 1 < n_tiles) {
+        qk(s_next, (j + 1) % kStages);
+        softmax(s_cur);
+        pv(j % kStages);
+        if (needs_mask(n0 + kN)) mask_scores(s_next, n0 + kN);
+      } else {
+        softmax(s_cur);
+        pv(j % kStages);
       }
+    };
+    Scores s0, s1;
+    if (n_tiles > 0) {
+      cp_async_wait<kStages - 2>();  // tile 0 (and Q) landed
+      __syncthreads();
+      qk(s0, 0);
+      if (needs_mask(n_first * kN)) mask_scores(s0, n_first * kN);
+    }
+    for (int j = 0; j < n_tiles; j += 2) {
+      step(j, s0, s1);
+      if (j + 1 < n_tiles) step(j + 1, s1, s0);
     }
   }
 

@@ -10,8 +10,8 @@
 //             together kStages - 1 tiles ahead, one barrier per tile.
 //   kQInRegs  keep the Q fragments in registers for the whole K/V loop
 //             instead of re-reading them from shared memory every tile.
-//   kSkipRescale  skip the O *= 2^(m - m') rescale on tiles where no row of
-//             the warp moved its max (a warp vote and a uniform branch).
+//   kOverlapQK  issue S_{j+1} = Q K_{j+1}^T in the same basic block as the
+//             softmax of tile j (needs kStages >= 3).
 //   kMinBlocksPerSm  __launch_bounds__ occupancy hint: caps registers so that
 //             many CTAs fit on an SM (65536 registers / SM).
 // Shared memory = (kBlockM + 2 * kStages * kBlockN) * head_dim * 2 bytes; it
@@ -35,7 +35,7 @@ template <>
 struct ForwardTuning<32> {
   static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = true;
-  static constexpr bool kSkipRescale = false;
+  static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -48,7 +48,7 @@ template <>
 struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = false;
-  static constexpr bool kSkipRescale = false;
+  static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -57,7 +57,7 @@ template <>
 struct ForwardTuning<96> {
   static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
-  static constexpr bool kSkipRescale = false;
+  static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -70,7 +70,7 @@ template <>
 struct ForwardTuning<128> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
-  static constexpr bool kSkipRescale = false;
+  static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -81,7 +81,7 @@ template <>
 struct ForwardTuning<192> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
-  static constexpr bool kSkipRescale = false;
+  static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -93,7 +93,7 @@ template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
-  static constexpr bool kSkipRescale = false;
+  static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
