@@ -29,21 +29,27 @@ struct ForwardTuning;
 // 190..255 registers with no spills (-Xptxas -v), i.e. 2 CTAs of 4 warps or
 // 1 CTA of 8 warps per SM.
 
-// NOTES: the softmax dominates at d = 32: wide N tiles (S = 128 regs) amortise
-// the per-tile row max/sum shuffles and barriers; O and Q are small. 40 KB.
+// NOTES: d64's shape with Q in registers (16 regs at d = 32). The wide N = 128
+// tile used before (S = 128 regs, to amortise the per-tile shuffles and
+// barriers) spills 16 bytes in the sm_80 build once K has its own ldmatrix
+// lane pattern (not in sm_90a's); this one: 197 registers (sm_80), 230
+// (sm_90a). Not timed. 32 KB.
 template <>
 struct ForwardTuning<32> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 1;
+  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = true;
   static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: 32 rows per warp (each K/V fragment feeds 2 mma's), Q in registers
-// (32 regs). Two stages with one barrier per tile: 269/290/298 (seqlen
-// 1k/4k/16k; causal 205/267/289) against 258/272/299 for one stage, 256..280
-// for three, 228..254 for N = 32, 217..277 for 64-row tiles and 260..294 for
-// N = 128 (which spills). 48 KB.
+// NOTES: 32 rows per warp (each K/V fragment feeds 2 mma's); two stages with
+// one barrier per tile. Run of 2026-11-22 12:07 (fwd_variants, seqlen
+// 1k/4k/16k): 274/299/306 (causal 213/270/294); one stage 267/298/308, one
+// stage with Q in registers 268/297/306, three stages 258/284/299, 64-row
+// tiles at 3 CTAs/SM 244/236/251. Q stays in shared memory: Q in registers
+// with two stages spilled 8 bytes once K got its own ldmatrix lane pattern.
+// N = 128 (FA2's d64 tile) still spills; Q K_{j+1}^T overlapped with the
+// softmax (kOverlapQK) fits only at N = 32: 236/249/254. 48 KB.
 template <>
 struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
@@ -52,7 +58,8 @@ struct ForwardTuning<64> {
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: as 128 (same register shape with 96 regs of O). 60 KB.
+// NOTES: 16 rows per warp, N = 128 (d128's previous shape; not re-measured
+// since d128 moved to 32 rows per warp). 60 KB.
 template <>
 struct ForwardTuning<96> {
   static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
@@ -61,11 +68,14 @@ struct ForwardTuning<96> {
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: 32 rows per warp does not fit: O (128) + S (64) + fragments spill at
-// N = 64 and at N = 32 ran 261..294. 16 rows per warp with N = 128 keys per tile
-// (half the tiles, so half the barriers and softmax reductions) ran 284/317/310
-// against 239..279 for N = 64 with two or three stages (one barrier per tile).
-// One stage: 80 KB, 2 CTAs/SM.
+// NOTES: FA2's d128 shape: 4 warps x 32 rows (each K/V fragment feeds 2
+// mma's, half the ldmatrix traffic of 16 rows), N = 64, one stage (64 KB,
+// 2 CTAs/SM). O (128) + S (64) + fragments fit 255 registers without spills
+// only since K's fragments load as consecutive register pairs (92 bytes of
+// spills before). 326/358/359 (causal 225..249/295..307/314..333, two runs
+// in one process) against 260/273/301 for the previous 16-rows-per-warp
+// 64x128 tile with the same K fix; 64x64 at 3 CTAs/SM 269/286/294; 8 warps
+// x 16 rows (128x64, 2 stages) 217/250/270; two stages spill.
 template <>
 struct ForwardTuning<128> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1;
@@ -88,7 +98,8 @@ struct ForwardTuning<192> {
 // NOTES: as 192: 4 warps x 16 rows (O = 128 regs), 96 KB, so 2 CTAs/SM on an
 // H100 (1 on an A100): 289/314/314 against 256/274/280 for one CTA of 8 warps
 // (128 rows), whose barriers stall the whole SM. N = 32 with two stages:
-// 242..278; N = 128 spills.
+// 242..278; N = 128 spills. Re-run with the K fix (12:07): 292/318/316
+// against 251/281/286 for 8 warps and 226/259/279 for N = 32.
 template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
