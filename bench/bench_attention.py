@@ -19,7 +19,6 @@ import argparse
 import datetime
 import os
 import shlex
-import subprocess
 import sys
 
 import torch
@@ -151,17 +150,10 @@ def main():
                 del fns
                 torch.cuda.empty_cache()
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
-                               capture_output=True, text=True).stdout.strip()
-        if dirty:
-            commit += "+dirty"
-    except OSError:
-        commit = "unknown"
-    if commit == "unknown":  # a copy of the tree without .git (e.g. on a lent GPU machine)
-        commit = os.environ.get("FLASHATTN_COMMIT", "unknown")
+    # The commit the timed library was built from (it embeds it), not the checkout
+    # this script happens to run in: on a lent GPU machine those differ.
+    from flashattn import _capi
+    commit = _capi.build_commit()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     env = " ".join(f"{k}={os.environ[k]}" for k in ("FLASHATTN_LIBRARY", "FLASHATTN_DISABLE_SM90")
                    if k in os.environ)

@@ -221,3 +221,17 @@ TEST(ApiErrors, EmptyInputsAreFine) {
 
 }  // namespace
 }  // namespace flashattn::testing
+
+// Results files name the commit a timed library came from; it must be a git
+// hash (maybe "+dirty") or "unknown", never empty.
+TEST(BuildInfo, CommitIsNamed) {
+  const std::string commit = fa_build_commit();
+  ASSERT_FALSE(commit.empty());
+  if (commit != "unknown") {
+    const std::string hash = commit.substr(0, commit.find('+'));
+    EXPECT_GE(hash.size(), 7u);
+    EXPECT_EQ(hash.find_first_not_of("0123456789abcdef"), std::string::npos) << commit;
+    EXPECT_TRUE(hash.size() == commit.size() || commit.substr(hash.size()) == "+dirty") << commit;
+  }
+  EXPECT_NE(fa_build_cuda_architectures(), nullptr);
+}

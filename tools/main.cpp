@@ -15,7 +15,9 @@ constexpr const char* kUsage =
     "Run 'flashattn <command> --help' for a command's options.\n";
 
 int info_main() {
-  std::printf("flashattn %s\n", fa_version());
+  std::printf("flashattn %s (commit %s)\n", fa_version(), fa_build_commit());
+  const char* archs = fa_build_cuda_architectures();
+  std::printf("  CUDA architectures compiled in: %s\n", archs[0] != '\0' ? archs : "none");
   for (fa_backend b : {FA_BACKEND_CPU, FA_BACKEND_CUDA}) {
     const char* name = b == FA_BACKEND_CPU ? "cpu" : "cuda";
     if (fa_backend_available(b)) std::printf("  %-5s available\n", name);

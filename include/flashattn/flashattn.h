@@ -95,6 +95,11 @@ FA_API const char* fa_last_error(void);
 FA_API const char* fa_status_string(fa_status status);
 FA_API const char* fa_dtype_name(fa_dtype dtype);
 FA_API const char* fa_version(void);
+/* The git commit the library was built from ("+dirty" if the tree had
+   uncommitted changes, "unknown" outside git) and the CUDA architectures
+   compiled in ("" without CUDA), e.g. "1a2b3c4d5e6f" and "80,90a". */
+FA_API const char* fa_build_commit(void);
+FA_API const char* fa_build_cuda_architectures(void);
 
 /* 1 if the backend was compiled in and can run here (CUDA: a device is visible). */
 FA_API int fa_backend_available(fa_backend backend);

@@ -13,6 +13,7 @@ from ._capi import (  # noqa: F401
     library_path,
 )
 from ._capi import version as library_version  # noqa: F401
+from ._capi import build_commit as library_commit  # noqa: F401
 
 __version__ = "0.1.0"
 

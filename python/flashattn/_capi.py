@@ -177,6 +177,7 @@ _SIGNATURES = {
     "fa_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "fa_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
     "fa_version": (ctypes.c_char_p, []),
+    "fa_build_commit": (ctypes.c_char_p, []),
     "fa_backend_available": (ctypes.c_int, [ctypes.c_int]),
     "fa_backend_unavailable_reason": (ctypes.c_char_p, [ctypes.c_int]),
     "fa_forward": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
@@ -255,6 +256,11 @@ def library_path() -> str:
 
 def version() -> str:
     return library().fa_version().decode()
+
+
+def build_commit() -> str:
+    """The git commit the loaded library was built from ("+dirty" if uncommitted changes)."""
+    return library().fa_build_commit().decode()
 
 
 def _backend_code(backend) -> int:

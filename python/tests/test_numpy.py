@@ -2,6 +2,7 @@
 float64 reference in _reference.py. Needs only NumPy."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -190,6 +191,8 @@ def test_too_small_workspace_is_an_error(rng):
 
 def test_info():
     assert flashattn.library_version() == "0.1.0"
+    # The commit is a git hash (maybe "+dirty") or "unknown" for a build outside git.
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?|unknown", flashattn.library_commit())
     assert flashattn.backend_available("cpu")
     assert flashattn.backend_unavailable_reason("cpu") == ""
     assert os.path.exists(flashattn.library_path())

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backends.h"
+#include "core/build_info.h"
 #include "core/error.h"
 #include "core/validate.h"
 #include "flashattn/flashattn.h"
@@ -93,6 +94,8 @@ const char* fa_dtype_name(fa_dtype dtype) {
 }
 
 const char* fa_version(void) { return "0.1.0"; }
+const char* fa_build_commit(void) { return flashattn::kBuildCommit; }
+const char* fa_build_cuda_architectures(void) { return flashattn::kBuildCudaArchitectures; }
 
 int fa_backend_available(fa_backend backend) {
   const char* why = "";
