@@ -12,6 +12,12 @@
 // sequence are never written, which keeps variable-length batches safe) and
 // writes the logsumexp.
 //
+// Head dims below D (any multiple of 8 up to D) run on the kernel of D: the
+// tensor maps have the real head dim as their inner extent, so TMA zero-fills
+// columns d..D-1 of every Q/K/V tile. S = Q K^T then sums zeros over them
+// (exact), O's columns past d are P times zeros and are never stored, and the
+// softmax scale comes from params (1/sqrt(real d) by default).
+//
 // Shared memory (1024-byte aligned, 128B-swizzled as TMA writes it and wgmma's
 // SW128 descriptors read it): a tile of R rows x d columns is d/64 column blocks
 // of R rows x 128 bytes.
@@ -456,6 +462,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
       // ---------------------------------------------------------- epilogue
       // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
       float inv[2];
+      const bool full_dim = p.head_dim == D;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float sum = l[r];
@@ -472,8 +479,11 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
                                                       p.o_row_stride, p.o_head_stride, varlen);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-          *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
-              pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          // Columns 8i..8i+7 exist when 8i < head_dim (a multiple of 8).
+          if (full_dim || 8 * i < p.head_dim) {
+            *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
+                pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          }
         }
         if (p.lse != nullptr && lane % 4 == 0) {
           p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
@@ -491,15 +501,17 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
 template <int D, typename T>
 fa_status launch_forward(const AttentionParams& p) {
   using K = FwdTraits<D, T>;
-  if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim mismatch");
+  if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  // d is the real head dim: TMA zero-fills the box columns past it.
   // A size-1 dimension's stride is irrelevant but must be a valid (16-byte
   // multiple, non-zero) value: use the row stride there.
   auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
                       int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                       uint32_t box_rows) {
-    const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(rows),
+    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(rows),
                               static_cast<uint64_t>(heads),
                               static_cast<uint64_t>(varlen ? 1 : p.batch)};
     const int64_t hs = heads == 1 ? row_stride : head_stride;
@@ -543,7 +555,7 @@ fa_status launch_forward(const AttentionParams& p) {
     l2_bytes = 50 << 20;
   }
   // K and V bytes one query head walks (query heads of a GQA group share them).
-  const double kv_per_head = 4.0 * p.seqlen_k * D / p.group_size();
+  const double kv_per_head = 4.0 * p.seqlen_k * p.head_dim / p.group_size();
   const double fit = (l2_bytes / 2) / (kv_per_head > 1.0 ? kv_per_head : 1.0);
   const int num_bh = p.batch * p.heads_q;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);

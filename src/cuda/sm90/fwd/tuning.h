@@ -73,6 +73,17 @@ struct ForwardTuning<128> {
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
+// NOTES: d = 192 (three 64-column swizzle blocks) has its own kernel: run on
+// the d = 256 one, a third of its Q K^T and P V work would multiply zeros.
+// O is 96 regs; 112-key tiles (S 56 + P 28: 180 live, as d = 256's 188) and Q
+// of 48 KB: 48 + 2 * 2 * 42 = 216 KB (128 keys would need 240 KB).
+template <>
+struct ForwardTuning<192> {
+  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kBlockN = 112, kStages = 2;
+  static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+};
+
 // NOTES: O alone is 128 regs per thread, so narrow K/V tiles: 80 keys
 // (S 40 + P 20 regs; FA3's choice), Q is 64 KB: 64 + 2 * 80 = 224 KB, the
 // most that fits. Measured on the H100 against 64-key tiles (bf16, TFLOP/s at
