@@ -3,16 +3,20 @@
 // Shape: kConsumers consumer warpgroups of 64 query rows each (wgmma's M is
 // 64 per warpgroup; kBlockM = 64 * kConsumers rows per CTA) plus one producer
 // warpgroup that only issues TMA loads; one persistent CTA per SM.
-//   kConsumers / kProducerRegs / kConsumerRegs: registers are 65536 per SM,
-//             65536 / threads at launch; setmaxnreg moves them from the
-//             producer to the consumers: 128 * (kProducerRegs + kConsumers *
-//             kConsumerRegs) <= 65536 (2 consumers: 24 + 2 * 240; 3: 24 + 3 * 160).
+//   kConsumers / kProducerRegs: registers are 65536 per SM, 65536 / threads
+//             at launch; setmaxnreg moves them from the producer to the
+//             consumers: 128 * (kProducerRegs + kConsumers * consumer_regs)
+//             <= 65536 (2 consumers: 24 + 2 * 240; 3: 24 + 3 * 160).
+//   kCausalConsumers  consumer warpgroups when the mask is causal (a second
+//             instantiation where it differs from kConsumers).
+//   kQStages  Q buffers: 2 lets the producer load the next tile's Q while the
+//             consumers still work on the current one (where smem allows).
 //
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
 //             S (kBlockN/2 f32) and P (kBlockN/4 regs) at once.
 //   kStages   K/V ring depth in shared memory. Bounded by 227 KB:
-//             smem = 128*d*2 (Q) + kStages * 2 * kBlockN*d*2 (K, V).
+//             smem = kQStages * kBlockM*d*2 (Q) + kStages * 2 * kBlockN*d*2 (K, V).
 //   kIntraWgOverlap  issue S(j+1) = Q K(j+1)^T together with O += P(j) V(j),
 //             so the tensor cores run while the softmax of tile j+1 runs
 //             (FA3's intra-warpgroup pipelining). Costs S + P registers live
@@ -39,8 +43,25 @@
 #ifndef FLASHATTN_SM90_CONSUMERS_64
 #define FLASHATTN_SM90_CONSUMERS_64 3
 #endif
+#ifndef FLASHATTN_SM90_CAUSAL_CONSUMERS_64
+#define FLASHATTN_SM90_CAUSAL_CONSUMERS_64 2
+#endif
+#ifndef FLASHATTN_SM90_QSTAGES_64
+#define FLASHATTN_SM90_QSTAGES_64 2
+#endif
+#ifndef FLASHATTN_SM90_QSTAGES_128
+#define FLASHATTN_SM90_QSTAGES_128 1
+#endif
 
 namespace flashattn::cuda::sm90 {
+
+// Registers per consumer thread for a given number of consumer warpgroups:
+// what is left of 512 per thread-slot after the producer's 24, rounded down to
+// setmaxnreg's multiple of 8, capped at its 240 (2: 240, 3: 160).
+constexpr int consumer_regs(int consumers) {
+  const int r = ((512 - 24) / consumers) / 8 * 8;
+  return r < 240 ? r : 240;
+}
 
 template <int HeadDim>
 struct ForwardTuning;
@@ -50,13 +71,16 @@ struct ForwardTuning;
 // as its exponentials on the MUFU (64*kBlockN at 16/clk/SM). Three consumer
 // warpgroups (kBlockM 192, FA3's shape for d = 64) keep the tensor cores fed
 // while two of them are in their softmax; O (32) + S (64) + P (32) regs fit
-// in 160. Wide K/V tiles and a deep ring (each tile is only 16 KB):
-// 24 + 4 * 32 = 152 KB.
+// in 160. Wide K/V tiles and a deep ring (each tile is only 16 KB), and room
+// for two Q buffers: 2 * 24 + 4 * 32 = 176 KB.
+// Causal runs with two consumer warpgroups (kBlockM 128): fewer of a tile's
+// rows sit on the masked diagonal (3 were 5-10% slower at 512-4k causal).
 template <>
 struct ForwardTuning<64> {
   static constexpr int kConsumers = FLASHATTN_SM90_CONSUMERS_64;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 3 ? 160 : 240;
-  static constexpr int kBlockN = 128, kStages = 4;
+  static constexpr int kCausalConsumers = FLASHATTN_SM90_CAUSAL_CONSUMERS_64;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -68,8 +92,9 @@ struct ForwardTuning<64> {
 // the run-to-run spread. Kept: it is the configuration the final tests ran.
 template <>
 struct ForwardTuning<128> {
-  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
+  static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -79,8 +104,8 @@ struct ForwardTuning<128> {
 // of 48 KB: 48 + 2 * 2 * 42 = 216 KB (128 keys would need 240 KB).
 template <>
 struct ForwardTuning<192> {
-  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
-  static constexpr int kBlockN = 112, kStages = 2;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kBlockN = 112, kStages = 2, kQStages = 1;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -92,8 +117,8 @@ struct ForwardTuning<192> {
 // softmax/barrier overhead is spread over 25% more keys.
 template <>
 struct ForwardTuning<256> {
-  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
-  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
