@@ -11,6 +11,10 @@
 //             instantiation where it differs from kConsumers).
 //   kQStages  Q buffers: 2 lets the producer load the next tile's Q while the
 //             consumers still work on the current one (where smem allows).
+//   kKFirst   the producer requests a tile's first K before its Q (with one Q
+//             buffer the K slot frees before Q's does).
+//   kQPrefetchL2  with one Q buffer, the next tile's Q is prefetched into L2
+//             when the current tile's first K/V are issued.
 //
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
@@ -35,7 +39,7 @@
 #define FLASHATTN_SM90_PINGPONG 1
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_128
-#define FLASHATTN_SM90_BLOCKN_128 176
+#define FLASHATTN_SM90_BLOCKN_128 128
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_256
 #define FLASHATTN_SM90_BLOCKN_256 80
@@ -46,11 +50,23 @@
 #ifndef FLASHATTN_SM90_CAUSAL_CONSUMERS_64
 #define FLASHATTN_SM90_CAUSAL_CONSUMERS_64 2
 #endif
+#ifndef FLASHATTN_SM90_K_FIRST
+#define FLASHATTN_SM90_K_FIRST 1
+#endif
+#ifndef FLASHATTN_SM90_Q_PREFETCH_L2
+#define FLASHATTN_SM90_Q_PREFETCH_L2 1
+#endif
+#ifndef FLASHATTN_SM90_BLOCKN_192
+#define FLASHATTN_SM90_BLOCKN_192 112
+#endif
+#ifndef FLASHATTN_SM90_QSTAGES_192
+#define FLASHATTN_SM90_QSTAGES_192 1
+#endif
 #ifndef FLASHATTN_SM90_QSTAGES_64
 #define FLASHATTN_SM90_QSTAGES_64 2
 #endif
 #ifndef FLASHATTN_SM90_QSTAGES_128
-#define FLASHATTN_SM90_QSTAGES_128 1
+#define FLASHATTN_SM90_QSTAGES_128 2
 #endif
 
 namespace flashattn::cuda::sm90 {
@@ -82,20 +98,24 @@ struct ForwardTuning<64> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
-// NOTES: 176-key tiles (FA3's choice for d = 128): S 88 + O 64 + P 44 regs;
-// 32 + 2 * 88 = 208 KB. Measured on the H100 against 128-key tiles (bf16,
-// TFLOP/s at 2k / 8k / 16k): non-causal 528/628/635 vs 521/585/604, causal
-// 402/514/548 vs 417/498/518; in the next run 496/592/614 vs 555/598/614 and
-// 388/505/529 vs 419/506/532 (in both, the variant timed second won): within
-// the run-to-run spread. Kept: it is the configuration the final tests ran.
+// NOTES: 128-key tiles and two Q buffers: 2 * 32 + 2 * 2 * 32 = 192 KB (176-key
+// tiles, FA3's choice, leave room for one Q only: 32 + 2 * 2 * 44 = 208 KB).
+// 176 vs 128 keys alone was within the run-to-run spread (528/628/635 vs
+// 521/585/604 at 2k/8k/16k in one run, 496/592/614 vs 555/598/614 in the
+// next). With the second Q buffer, the next tile's Q and first K load while
+// the current tile runs: 2k/4k/8k non-causal 529/563/591 vs 486/534/587 and
+// 499/547/590 (176 keys, one Q, timed before and after), causal 415/464/498
+// vs 390/441/490 and 389/449/501 (bf16, H100, one run).
 template <>
 struct ForwardTuning<128> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 // NOTES: d = 192 (three 64-column swizzle blocks) has its own kernel: run on
@@ -105,8 +125,10 @@ struct ForwardTuning<128> {
 template <>
 struct ForwardTuning<192> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
-  static constexpr int kBlockN = 112, kStages = 2, kQStages = 1;
+  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
+  static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 // NOTES: O alone is 128 regs per thread, so narrow K/V tiles: 80 keys
@@ -120,6 +142,7 @@ struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 }  // namespace flashattn::cuda::sm90
