@@ -248,22 +248,15 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
         const int row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
         const int row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
         const int hk = w.h / group;
-        // NOTES: with two Q buffers the wait on empty_q is for the Q of two
-        // tiles ago, released long since: Q(t+1) is loaded as soon as the last
-        // K/V of tile t are issued, while the consumers still work on tile t.
-        // With one, it waits for the last S of tile t; the tile's first K is
-        // requested before it (kKFirst), since its ring slot is free earlier,
-        // and Q's rows were prefetched into L2 a tile ahead (kQPrefetchL2), so
-        // at the tile boundary only an L2 hit is left to wait for.
-        auto load_q = [&]() {
-          mbar_wait(&empty_q[qs], q_phase ^ 1);
-          mbar_arrive_expect_tx(&full_q[qs], K::kQBytes);
+        // NOTES: with two Q buffers this wait is for the Q of two tiles ago,
+        // released long since: Q(t+1) is loaded as soon as the last K/V of
+        // tile t are issued, while the consumers still work on tile t.
+        mbar_wait(&empty_q[qs], q_phase ^ 1);
+        mbar_arrive_expect_tx(&full_q[qs], K::kQBytes);
 #pragma unroll
-          for (int c = 0; c < K::kColBlocks; ++c)
-            tma_load_4d(sQ + (qs * K::kColBlocks + c) * kBlockM * 64, &tma_q, &full_q[qs], c * 64,
-                        row_q, w.h, bq);
-        };
-        if (!K::Tune::kKFirst) load_q();
+        for (int c = 0; c < K::kColBlocks; ++c)
+          tma_load_4d(sQ + (qs * K::kColBlocks + c) * kBlockM * 64, &tma_q, &full_q[qs], c * 64,
+                      row_q, w.h, bq);
         for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1;
@@ -274,26 +267,12 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
           for (int c = 0; c < K::kColBlocks; ++c)
             tma_load_4d(sK + (s * K::kColBlocks + c) * kBlockN * 64, &tma_k, &full_k[s], c * 64,
                         row_k, hk, bq);
-          if (K::Tune::kKFirst && n == w.n_end - 1) load_q();
           mbar_wait(&empty_v[s], ph ^ 1);
           mbar_arrive_expect_tx(&full_v[s], K::kKVBytes);
 #pragma unroll
           for (int c = 0; c < K::kColBlocks; ++c)
             tma_load_4d(sV + (s * K::kColBlocks + c) * kBlockN * 64, &tma_v, &full_v[s], c * 64,
                         row_k, hk, bq);
-          if (K::kQStages == 1 && K::Tune::kQPrefetchL2 && n == w.n_end - 1) {
-            // The next tile this CTA walks (if it has loads): its Q into L2.
-            const int tn = snake_rank(round + 1, gridDim.x, blockIdx.x);
-            if (tn < a.num_tiles) {
-              const TileWork wn = tile_work<kBlockM, kBlockN>(p, a, tn);
-              if (wn.valid && wn.n_end > wn.n_begin) {
-                const int rq = (varlen ? static_cast<int>(wn.seq.row_q) : 0) + wn.m0;
-#pragma unroll
-                for (int c = 0; c < K::kColBlocks; ++c)
-                  tma_prefetch_l2_4d(&tma_q, c * 64, rq, wn.h, varlen ? 0 : wn.b);
-              }
-            }
-          }
         }
       }
     }

@@ -11,10 +11,6 @@
 //             instantiation where it differs from kConsumers).
 //   kQStages  Q buffers: 2 lets the producer load the next tile's Q while the
 //             consumers still work on the current one (where smem allows).
-//   kKFirst   the producer requests a tile's first K before its Q (with one Q
-//             buffer the K slot frees before Q's does).
-//   kQPrefetchL2  with one Q buffer, the next tile's Q is prefetched into L2
-//             when the current tile's first K/V are issued.
 //
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
@@ -49,12 +45,6 @@
 #endif
 #ifndef FLASHATTN_SM90_CAUSAL_CONSUMERS_64
 #define FLASHATTN_SM90_CAUSAL_CONSUMERS_64 2
-#endif
-#ifndef FLASHATTN_SM90_K_FIRST
-#define FLASHATTN_SM90_K_FIRST 1
-#endif
-#ifndef FLASHATTN_SM90_Q_PREFETCH_L2
-#define FLASHATTN_SM90_Q_PREFETCH_L2 1
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_192
 #define FLASHATTN_SM90_BLOCKN_192 112
@@ -98,7 +88,6 @@ struct ForwardTuning<64> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 // NOTES: 128-key tiles and two Q buffers: 2 * 32 + 2 * 2 * 32 = 192 KB (176-key
@@ -115,20 +104,21 @@ struct ForwardTuning<128> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 // NOTES: d = 192 (three 64-column swizzle blocks) has its own kernel: run on
 // the d = 256 one, a third of its Q K^T and P V work would multiply zeros.
 // O is 96 regs; 112-key tiles (S 56 + P 28: 180 live, as d = 256's 188) and Q
 // of 48 KB: 48 + 2 * 2 * 42 = 216 KB (128 keys would need 240 KB).
+// Measured against 80-key tiles with two Q buffers (2 * 48 + 2 * 2 * 30 =
+// 216 KB; bf16, H100, TFLOP/s at 2k/4k/8k, one run, 112 timed after):
+// non-causal 573/600/633 vs 566/586/613, causal 447/467/573 vs 448/456/562.
 template <>
 struct ForwardTuning<192> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 // NOTES: O alone is 128 regs per thread, so narrow K/V tiles: 80 keys
@@ -137,12 +127,15 @@ struct ForwardTuning<192> {
 // 2k / 8k / 16k): non-causal 655/676/728 vs 539/608/623, causal 454/585/472
 // vs 420/518/416: each P V wgmma has K = 80 instead of 64 and the per-tile
 // softmax/barrier overhead is spread over 25% more keys.
+// No room for a second Q buffer. Tried and dropped: the producer requesting a
+// tile's first K before its Q and prefetching the next tile's Q into L2
+// (predicted +3-5% at 2k): 564/621/674 vs 577/624/685 without either
+// (non-causal 2k/4k/8k), causal 472/512/574 vs 482/520/579: no gain.
 template <>
 struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kKFirst = FLASHATTN_SM90_K_FIRST, kQPrefetchL2 = FLASHATTN_SM90_Q_PREFETCH_L2;
 };
 
 }  // namespace flashattn::cuda::sm90
