@@ -111,6 +111,12 @@ std::vector<Case> sm90_suite() {
     c.varlen_k = {9, 5, 203, 1};
     c.heads_q = 4;
     cases.push_back(c);
+    // Several tiles per CTA (cross-tile overlap), keyless tiles among them.
+    Case m = make_case(FA_BF16, 300, 150, 128, seed++);
+    m.heads_q = 96;
+    m.heads_kv = 96;
+    m.causal = true;
+    cases.push_back(m);
     return cases;
   }
   // Every head dim of the shared suite (8 ... 256: below 64, between the
@@ -163,6 +169,41 @@ std::vector<Case> sm90_suite() {
     big.heads_kv = 4;
     big.causal = true;
     cases.push_back(big);
+  }
+  // Several tiles per persistent CTA (more than 2 * 132 tiles), so tiles hand
+  // over to the next one inside a CTA (the cross-tile overlap): tiles without
+  // visible keys between tiles with keys (more queries than keys, causal or
+  // windowed), GQA, varlen with empty and one-row sequences.
+  {
+    Case c = make_case(FA_BF16, 300, 300, 128, seed++);
+    c.batch = 3;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.causal = true;
+    cases.push_back(c);
+    c = make_case(FA_BF16, 400, 150, 64, seed++);
+    c.batch = 2;
+    c.heads_q = 72;
+    c.heads_kv = 72;
+    c.causal = true;
+    cases.push_back(c);
+    c = make_case(FA_F16, 600, 100, 64, seed++);
+    c.batch = 2;
+    c.heads_q = 40;
+    c.heads_kv = 20;
+    c.window_left = 20;
+    c.window_right = 5;
+    cases.push_back(c);
+    c = make_case(FA_BF16, 0, 0, 96, seed++);
+    c.varlen_q = {300, 0, 129, 257, 1, 513};
+    c.varlen_k = {310, 7, 129, 100, 64, 513};
+    c.heads_q = 24;
+    c.heads_kv = 6;
+    cases.push_back(c);
+    c.causal = true;
+    c.dtype = FA_F16;
+    c.seed = seed++;
+    cases.push_back(c);
   }
   // Every multiple of 8 up to 256, each with a different option, dtype and
   // odd lengths: the column zero-fill and the epilogue's column bound at every
