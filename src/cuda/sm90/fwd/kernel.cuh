@@ -307,111 +307,180 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
     };
 
     int qt = 0;  // tiles with loads so far, as the producer counts them
-    int it = 0;   // K/V blocks consumed so far: ring stage it % kStages
-    int round = 0;
-    // The next valid tile of this CTA's walk (valid = false once none is left).
-    auto next_tile = [&]() {
-      TileWork r;
-      r.valid = false;
-      for (; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
-        const int t = snake_rank(round, gridDim.x, blockIdx.x);
-        if (t >= a.num_tiles) continue;
-        r = tile_work<kBlockM, kBlockN>(p, a, t);
-        if (r.valid) {
-          ++round;
-          break;
-        }
-      }
-      return r;
-    };
-    // This thread's first row of tile w (its rows: row0, row0 + 8).
-    auto first_row = [&](const TileWork& tw) { return tw.m0 + cw * 64 + warp * 16 + lane / 4; };
+    int it = 0;
+    for (int round = 0; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
+      const int t = snake_rank(round, gridDim.x, blockIdx.x);
+      if (t >= a.num_tiles) continue;
+      const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
+      if (!w.valid) continue;
+      const MaskPolicy mask = mask_for(p, w.seq);
+      const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
+      const int rows_end = min(w.m0 + kBlockM, w.seq.seqlen_q);
 
-    float o[D / 2];
-    float m[2], l[2];
-    float sc[kBlockN / 2];
-    uint32_t pa[kBlockN / 16][4];
-    auto reset_o = [&]() {
+      float o[D / 2];
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-      m[0] = m[1] = -INFINITY;
-      l[0] = l[1] = 0.0f;
-    };
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    // S = Q K(stage s)^T into sc (issue only).
-    auto issue_s = [&](int s) {
-      wgmma_fence();
+      if (w.n_end > w.n_begin) {
+        const int qs = qt % K::kQStages;
+        const uint32_t q_phase = (qt / K::kQStages) & 1;
+        ++qt;
+        q_base = q_base0 + qs * K::kQBytes;
+        uint64_t* const q_empty = &empty_q[qs];
+        mbar_wait(&full_q[qs], q_phase);
+
+        float sc[kBlockN / 2];
+        uint32_t pa[kBlockN / 16][4];
+
+        // S = Q K(n)^T into sc (issue only).
+        auto issue_s = [&](int s) {
+          wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kBlockN, T>::run(sc, desc_q(kk), desc_k(s, kk), kk > 0 ? 1 : 0);
-      wgmma_commit();
-    };
-    // O += P V(s) (issue only).
-    auto issue_pv = [&](int s) {
-      wgmma_fence();
+          for (int kk = 0; kk < D / 16; ++kk)
+            WgmmaSS<kBlockN, T>::run(sc, desc_q(kk), desc_k(s, kk), kk > 0 ? 1 : 0);
+          wgmma_commit();
+        };
+        // O += P V(s) (issue only).
+        auto issue_pv = [&](int s) {
+          wgmma_fence();
 #pragma unroll
-      for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
-      wgmma_commit();
-    };
-    // Softcap, mask and online softmax of sc for key block n of tile tw;
-    // returns the correction for O in corr.
-    auto softmax = [&](const TileWork& tw, int n, float (&corr)[2]) {
-      if (a.softcap_in != 0.0f) {
+          for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
+          wgmma_commit();
+        };
+        // Softcap, mask and online softmax of sc for key tile n; returns the
+        // correction for O in corr.
+        auto softmax = [&](int n, float (&corr)[2]) {
+          if (a.softcap_in != 0.0f) {
 #pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) sc[i] = tanhf(sc[i] * a.softcap_in);
-      }
-      const MaskPolicy mask = mask_for(p, tw.seq);
-      const int rows_end = min(tw.m0 + kBlockM, tw.seq.seqlen_q);
-      const int n0 = n * kBlockN;
-      if (!mask.tile_fully_visible(tw.m0, rows_end, n0, n0 + kBlockN)) {
-        const int row0 = first_row(tw);
+            for (int i = 0; i < kBlockN / 2; ++i) sc[i] = tanhf(sc[i] * a.softcap_in);
+          }
+          const int n0 = n * kBlockN;
+          if (!mask.tile_fully_visible(w.m0, rows_end, n0, n0 + kBlockN)) {
 #pragma unroll
-        for (int i = 0; i < kBlockN / 8; ++i) {
+            for (int i = 0; i < kBlockN / 8; ++i) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = row0 + 8 * (e >> 1);
-            const int col = n0 + 8 * i + 2 * (lane % 4) + (e & 1);
-            if (!mask.visible(row, col)) sc[4 * i + e] = -INFINITY;
+              for (int e = 0; e < 4; ++e) {
+                const int row = row0 + 8 * (e >> 1);
+                const int col = n0 + 8 * i + 2 * (lane % 4) + (e & 1);
+                if (!mask.visible(row, col)) sc[4 * i + e] = -INFINITY;
+              }
+            }
+          }
+          online_softmax(sc, m, l, corr, a.scale_log2);
+        };
+        auto rescale_o = [&](const float (&corr)[2]) {
+#pragma unroll
+          for (int i = 0; i < D / 8; ++i) {
+            o[4 * i + 0] *= corr[0];
+            o[4 * i + 1] *= corr[0];
+            o[4 * i + 2] *= corr[1];
+            o[4 * i + 3] *= corr[1];
+          }
+        };
+        auto convert_p = [&]() {
+#pragma unroll
+          for (int kt = 0; kt < kBlockN / 16; ++kt) {
+            pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
+            pa[kt][1] = pack2<T>(sc[8 * kt + 2], sc[8 * kt + 3]);
+            pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
+            pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
+          }
+        };
+        auto release = [&](uint64_t* bar) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar);
+        };
+
+        if constexpr (K::Tune::kIntraWgOverlap) {
+          // Prologue: S and P of the first (highest) key tile.
+          int n = w.n_end - 1;
+          int s = it % kStages;
+          uint32_t ph = (it / kStages) & 1;
+          mbar_wait(&full_k[s], ph);
+          if (kPingPong) named_sync(my_turn, kTurnThreads);
+          issue_s(s);
+          if (kPingPong) named_arrive(other_turn, kTurnThreads);
+          wgmma_wait<0>();
+          fence_operands(sc);
+          release(&empty_k[s]);
+          if (n == w.n_begin) release(q_empty);
+          {
+            float corr[2];
+            softmax(n, corr);
+          }
+          convert_p();
+          // Steady state: S(n) runs on the tensor cores with P(n+1) V(n+1)
+          // while the previous wait/softmax finishes; softmax(n) overlaps P V.
+          for (--n; n >= w.n_begin; --n) {
+            const int s_prev = s;
+            const uint32_t ph_prev = ph;
+            ++it;
+            s = it % kStages;
+            ph = (it / kStages) & 1;
+            mbar_wait(&full_k[s], ph);
+            mbar_wait(&full_v[s_prev], ph_prev);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            issue_s(s);
+            issue_pv(s_prev);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<1>();
+            fence_operands(sc);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(q_empty);
+            float corr[2];
+            softmax(n, corr);
+            wgmma_wait<0>();
+            fence_operands(o);
+            fence_operands(pa);
+            release(&empty_v[s_prev]);
+            rescale_o(corr);
+            convert_p();
+          }
+          // Last P V.
+          mbar_wait(&full_v[s], ph);
+          if (kPingPong) named_sync(my_turn, kTurnThreads);
+          fence_operands(o);
+          fence_operands(pa);
+          issue_pv(s);
+          if (kPingPong) named_arrive(other_turn, kTurnThreads);
+          wgmma_wait<0>();
+          fence_operands(o);
+          release(&empty_v[s]);
+          ++it;
+        } else {
+          for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
+            const int s = it % kStages;
+            const uint32_t ph = (it / kStages) & 1;
+            mbar_wait(&full_k[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            issue_s(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(sc);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(q_empty);
+            float corr[2];
+            softmax(n, corr);
+            rescale_o(corr);
+            convert_p();
+            mbar_wait(&full_v[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            issue_pv(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(o);
+            release(&empty_v[s]);
           }
         }
       }
-      online_softmax(sc, m, l, corr, a.scale_log2);
-    };
-    auto rescale_o = [&](const float (&corr)[2]) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[4 * i + 0] *= corr[0];
-        o[4 * i + 1] *= corr[0];
-        o[4 * i + 2] *= corr[1];
-        o[4 * i + 3] *= corr[1];
-      }
-    };
-    auto convert_p = [&]() {
-#pragma unroll
-      for (int kt = 0; kt < kBlockN / 16; ++kt) {
-        pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
-        pa[kt][1] = pack2<T>(sc[8 * kt + 2], sc[8 * kt + 3]);
-        pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
-        pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
-      }
-    };
-    auto release = [&](uint64_t* bar) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar);
-    };
-    // Waits for the Q of the next tile with loads (the producer's order).
-    uint64_t* q_empty = empty_q;
-    auto acquire_q = [&]() {
-      const int qs = qt % K::kQStages;
-      const uint32_t q_phase = (qt / K::kQStages) & 1;
-      ++qt;
-      q_base = q_base0 + qs * K::kQBytes;
-      q_empty = &empty_q[qs];
-      mbar_wait(&full_q[qs], q_phase);
-    };
-    // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
-    auto epilogue = [&](const TileWork& tw) {
-      const int row0 = first_row(tw);
+
+      // ---------------------------------------------------------- epilogue
+      // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
       float inv[2];
       const bool full_dim = p.head_dim == D;
 #pragma unroll
@@ -425,10 +494,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
-        if (row >= tw.seq.seqlen_q) continue;
-        T* orow = static_cast<T*>(p.out) + row_offset(tw.b, tw.seq.row_q, row, tw.h,
-                                                      p.o_batch_stride, p.o_row_stride,
-                                                      p.o_head_stride, varlen);
+        if (row >= w.seq.seqlen_q) continue;
+        T* orow = static_cast<T*>(p.out) + row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
+                                                      p.o_row_stride, p.o_head_stride, varlen);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
           // Columns 8i..8i+7 exist when 8i < head_dim (a multiple of 8).
@@ -438,154 +506,10 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
           }
         }
         if (p.lse != nullptr && lane % 4 == 0) {
-          p.lse[lse_offset(p, tw.b, tw.seq.row_q, row, tw.h)] =
+          p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
               l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
         }
       }
-    };
-
-    // NOTES: cross-tile overlap (kCrossTile). A tile's last P V and the next
-    // tile's first S = Q K^T are issued in one ping-pong turn; the epilogue
-    // runs while S is on the tensor cores, and the next tile starts "primed"
-    // (its first S done and softmaxed). Without it, each tile boundary costs
-    // the warpgroup a turn and an S wait + softmax with nothing of its own in
-    // flight. Only with two Q buffers: the next Q is then already resident
-    // (with one, waiting for it would hold back the last P V).
-    constexpr bool kCrossTile = K::Tune::kIntraWgOverlap && K::Tune::kCrossTile && K::kQStages == 2;
-    bool primed = false;
-    int s = 0;
-    uint32_t ph = 0;
-    TileWork w = next_tile();
-    while (w.valid) {
-      const TileWork wn = next_tile();
-      if (w.n_end <= w.n_begin) {
-        // No visible key: O = 0, lse = -inf, no loads.
-        reset_o();
-        epilogue(w);
-        primed = false;
-      } else if constexpr (K::Tune::kIntraWgOverlap) {
-        int n = w.n_end - 1;
-        if (!primed) {
-          // Prologue: S and P of the first (highest) key block.
-          reset_o();
-          acquire_q();
-          s = it % kStages;
-          ph = (it / kStages) & 1;
-          mbar_wait(&full_k[s], ph);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          issue_s(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<0>();
-          fence_operands(sc);
-          release(&empty_k[s]);
-          if (n == w.n_begin) release(q_empty);
-          float corr[2];
-          softmax(w, n, corr);
-          convert_p();
-        }
-        // Steady state: S(n) runs on the tensor cores with P(n+1) V(n+1)
-        // while the previous wait/softmax finishes; softmax(n) overlaps P V.
-        for (--n; n >= w.n_begin; --n) {
-          const int s_prev = s;
-          const uint32_t ph_prev = ph;
-          ++it;
-          s = it % kStages;
-          ph = (it / kStages) & 1;
-          mbar_wait(&full_k[s], ph);
-          mbar_wait(&full_v[s_prev], ph_prev);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          fence_operands(o);
-          fence_operands(pa);
-          issue_s(s);
-          issue_pv(s_prev);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<1>();
-          fence_operands(sc);
-          release(&empty_k[s]);
-          if (n == w.n_begin) release(q_empty);
-          float corr[2];
-          softmax(w, n, corr);
-          wgmma_wait<0>();
-          fence_operands(o);
-          fence_operands(pa);
-          release(&empty_v[s_prev]);
-          rescale_o(corr);
-          convert_p();
-        }
-        // Last P V, with the next tile's first S when there is one.
-        mbar_wait(&full_v[s], ph);
-        if (kCrossTile && wn.valid && wn.n_end > wn.n_begin) {
-          const int s_prev = s;
-          ++it;
-          s = it % kStages;
-          ph = (it / kStages) & 1;
-          acquire_q();
-          mbar_wait(&full_k[s], ph);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          fence_operands(o);
-          fence_operands(pa);
-          issue_pv(s_prev);
-          issue_s(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<1>();  // P V done (groups complete in order); S may still run
-          fence_operands(o);
-          fence_operands(pa);
-          release(&empty_v[s_prev]);
-          epilogue(w);
-          reset_o();
-          wgmma_wait<0>();
-          fence_operands(sc);
-          release(&empty_k[s]);
-          const int n_next = wn.n_end - 1;
-          if (n_next == wn.n_begin) release(q_empty);
-          float corr[2];
-          softmax(wn, n_next, corr);  // from reset m, l: corr is 0 and O is 0
-          convert_p();
-          primed = true;
-        } else {
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          fence_operands(o);
-          fence_operands(pa);
-          issue_pv(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<0>();
-          fence_operands(o);
-          release(&empty_v[s]);
-          ++it;
-          epilogue(w);
-          primed = false;
-        }
-      } else {
-        reset_o();
-        acquire_q();
-        for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
-          s = it % kStages;
-          ph = (it / kStages) & 1;
-          mbar_wait(&full_k[s], ph);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          issue_s(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<0>();
-          fence_operands(sc);
-          release(&empty_k[s]);
-          if (n == w.n_begin) release(q_empty);
-          float corr[2];
-          softmax(w, n, corr);
-          rescale_o(corr);
-          convert_p();
-          mbar_wait(&full_v[s], ph);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          fence_operands(o);
-          fence_operands(pa);
-          issue_pv(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<0>();
-          fence_operands(o);
-          release(&empty_v[s]);
-        }
-        epilogue(w);
-      }
-      w = wn;
     }
     // Balance the ping-pong: the last warpgroup's final hand-over to warpgroup
     // 0 is consumed here, so no arrival is left pending on a hardware barrier.

@@ -11,9 +11,6 @@
 //             instantiation where it differs from kConsumers).
 //   kQStages  Q buffers: 2 lets the producer load the next tile's Q while the
 //             consumers still work on the current one (where smem allows).
-//   kCrossTile  issue a tile's last P V together with the next tile's first
-//             S and run the epilogue under it (needs kIntraWgOverlap and two
-//             Q buffers; ignored otherwise).
 //
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
@@ -36,9 +33,6 @@
 #endif
 #ifndef FLASHATTN_SM90_PINGPONG
 #define FLASHATTN_SM90_PINGPONG 1
-#endif
-#ifndef FLASHATTN_SM90_CROSS_TILE
-#define FLASHATTN_SM90_CROSS_TILE 1
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_128
 #define FLASHATTN_SM90_BLOCKN_128 128
@@ -94,7 +88,6 @@ struct ForwardTuning<64> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kCrossTile = FLASHATTN_SM90_CROSS_TILE;
 };
 
 // NOTES: 128-key tiles and two Q buffers: 2 * 32 + 2 * 2 * 32 = 192 KB (176-key
@@ -111,7 +104,6 @@ struct ForwardTuning<128> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kCrossTile = FLASHATTN_SM90_CROSS_TILE;
 };
 
 // NOTES: d = 192 (three 64-column swizzle blocks) has its own kernel: run on
@@ -127,7 +119,6 @@ struct ForwardTuning<192> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kCrossTile = FLASHATTN_SM90_CROSS_TILE;
 };
 
 // NOTES: O alone is 128 regs per thread, so narrow K/V tiles: 80 keys
@@ -145,7 +136,6 @@ struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
-  static constexpr bool kCrossTile = FLASHATTN_SM90_CROSS_TILE;
 };
 
 }  // namespace flashattn::cuda::sm90
