@@ -1,7 +1,9 @@
 // The Hopper (sm_90a) forward kernel against the fp64 reference. The kernel is
 // called directly (sm90::run_forward on params built by the library's own
 // validation), so a pass cannot come from the sm80 fallback; skipped unless the
-// GPU is compute capability 9.0. Also: run-to-run bitwise stability, and the
+// GPU is compute capability 9.0. Every head dim that is a multiple of 8 up to
+// 256 runs here (the ones between the kernels' dims on the next larger one).
+// Also: run-to-run bitwise stability, and the
 // public fa_forward choosing this kernel (same bits) unless
 // FLASHATTN_DISABLE_SM90 is set.
 #include <cuda_runtime.h>
@@ -99,7 +101,7 @@ std::vector<Case> sm90_suite() {
   if (small_only()) {
     std::vector<Case> cases;
     uint64_t seed = 500;
-    for (int d : {64, 128, 256}) {
+    for (int d : {40, 64, 96, 128, 192, 256}) {
       Case c = make_case(FA_BF16, 150, 200, d, seed++);
       c.causal = true;
       cases.push_back(c);
@@ -109,14 +111,22 @@ std::vector<Case> sm90_suite() {
     c.varlen_k = {9, 5, 203, 1};
     c.heads_q = 4;
     cases.push_back(c);
+    // Several tiles per CTA (cross-tile overlap), keyless tiles among them.
+    Case m = make_case(FA_BF16, 300, 150, 128, seed++);
+    m.heads_q = 96;
+    m.heads_kv = 96;
+    m.causal = true;
+    cases.push_back(m);
     return cases;
   }
-  std::vector<Case> cases = attention_suite({FA_F16, FA_BF16}, {64, 128, 256}, true);
+  // Every head dim of the shared suite (8 ... 256: below 64, between the
+  // kernels' dims, and on them).
+  std::vector<Case> cases = attention_suite({FA_F16, FA_BF16}, suite_head_dims(), true);
   // Several K/V tiles (partial last one), windows narrower than a tile, GQA +
   // varlen, more query tiles than SMs-worth of work per head.
   uint64_t seed = 2000;
   for (fa_dtype dt : {FA_BF16, FA_F16}) {
-    for (int d : {64, 128, 256}) {
+    for (int d : {40, 64, 80, 96, 128, 192, 256}) {
       Case c = make_case(dt, 300, 517, d, seed++);
       cases.push_back(c);
       c.causal = true;
@@ -138,12 +148,77 @@ std::vector<Case> sm90_suite() {
     c.heads_kv = 2;
     c.causal = true;
     cases.push_back(c);
+    for (int d : {96, 192}) {  // padded / dedicated head dims with GQA, varlen, padded rows
+      Case v = make_case(dt, 0, 0, d, seed++);
+      v.varlen_q = {130, 1, 257, 0};
+      v.varlen_k = {300, 77, 257, 3};
+      v.heads_q = 6;
+      v.heads_kv = 3;
+      v.causal = true;
+      cases.push_back(v);
+      Case r = make_case(dt, 213, 411, d, seed++);
+      r.batch = 2;
+      r.row_pad = 8;
+      r.window_left = 100;
+      r.window_right = 0;
+      cases.push_back(r);
+    }
     Case big = make_case(dt, 600, 600, 128, seed++);
     big.batch = 2;
     big.heads_q = 20;  // 2 * 20 * 5 = 200 query tiles: more than one per persistent CTA
     big.heads_kv = 4;
     big.causal = true;
     cases.push_back(big);
+  }
+  // Several tiles per persistent CTA (more than 2 * 132 tiles), so tiles hand
+  // over to the next one inside a CTA (the cross-tile overlap): tiles without
+  // visible keys between tiles with keys (more queries than keys, causal or
+  // windowed), GQA, varlen with empty and one-row sequences.
+  {
+    Case c = make_case(FA_BF16, 300, 300, 128, seed++);
+    c.batch = 3;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.causal = true;
+    cases.push_back(c);
+    c = make_case(FA_BF16, 400, 150, 64, seed++);
+    c.batch = 2;
+    c.heads_q = 72;
+    c.heads_kv = 72;
+    c.causal = true;
+    cases.push_back(c);
+    c = make_case(FA_F16, 600, 100, 64, seed++);
+    c.batch = 2;
+    c.heads_q = 40;
+    c.heads_kv = 20;
+    c.window_left = 20;
+    c.window_right = 5;
+    cases.push_back(c);
+    c = make_case(FA_BF16, 0, 0, 96, seed++);
+    c.varlen_q = {300, 0, 129, 257, 1, 513};
+    c.varlen_k = {310, 7, 129, 100, 64, 513};
+    c.heads_q = 24;
+    c.heads_kv = 6;
+    cases.push_back(c);
+    c.causal = true;
+    c.dtype = FA_F16;
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  // Every multiple of 8 up to 256, each with a different option, dtype and
+  // odd lengths: the column zero-fill and the epilogue's column bound at every
+  // position inside a kernel's head dim.
+  const int kOptions = 5;
+  for (int d = 8; d <= 256; d += 8) {
+    Case c = make_case(d % 16 ? FA_F16 : FA_BF16, 97 + d, 203, d, seed++);
+    switch ((d / 8) % kOptions) {
+      case 0: c.causal = true; break;
+      case 1: c.window_left = 31; c.window_right = 17; break;
+      case 2: c.softcap = 4.0f; c.scale = 0.2f; break;
+      case 3: c.heads_q = 4; c.heads_kv = 1; c.causal = true; break;
+      default: c.row_pad = 8; break;
+    }
+    cases.push_back(c);
   }
   return cases;
 }

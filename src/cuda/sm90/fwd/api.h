@@ -9,7 +9,7 @@
 namespace flashattn::cuda::sm90 {
 
 // True when the device of p is compute capability 9.0 and p is a shape/dtype
-// this kernel handles (f16/bf16, head_dim 64/128/256, non-empty).
+// this kernel handles (f16/bf16, head_dim a multiple of 8 up to 256, non-empty).
 bool supports_forward(const AttentionParams& p);
 
 // supports_forward(p), unless the environment variable FLASHATTN_DISABLE_SM90

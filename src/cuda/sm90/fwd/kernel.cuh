@@ -12,6 +12,12 @@
 // sequence are never written, which keeps variable-length batches safe) and
 // writes the logsumexp.
 //
+// Head dims below D (any multiple of 8 up to D) run on the kernel of D: the
+// tensor maps have the real head dim as their inner extent, so TMA zero-fills
+// columns d..D-1 of every Q/K/V tile. S = Q K^T then sums zeros over them
+// (exact), O's columns past d are P times zeros and are never stored, and the
+// softmax scale comes from params (1/sqrt(real d) by default).
+//
 // Shared memory (1024-byte aligned, 128B-swizzled as TMA writes it and wgmma's
 // SW128 descriptors read it): a tile of R rows x d columns is d/64 column blocks
 // of R rows x 128 bytes.
@@ -47,22 +53,28 @@ struct FwdArgs {
   int group_heads;    // (batch, head) pairs per L2 group of the tile order (see snake_rank)
 };
 
-template <int D, typename T>
+// C: consumer warpgroups (the tuning's kConsumers, or kCausalConsumers for the
+// causal instantiation); the only template parameter besides head dim and
+// dtype, because it changes the register split and the shared-memory layout.
+template <int D, typename T, int C = ForwardTuning<D>::kConsumers>
 struct FwdTraits {
   using Tune = ForwardTuning<D>;
-  static constexpr int kConsumers = Tune::kConsumers;  // warpgroups of 64 query rows
+  static constexpr int kConsumers = C;  // warpgroups of 64 query rows
+  static constexpr int kProducerRegs = Tune::kProducerRegs;
+  static constexpr int kConsumerRegs = consumer_regs(C);
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = Tune::kBlockN;
   static constexpr int kStages = Tune::kStages;
+  static constexpr int kQStages = Tune::kQStages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kColBlocks = D / 64;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kQOff = 0;
-  static constexpr int kKOff = kQOff + kQBytes;
+  static constexpr int kKOff = kQOff + kQStages * kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
   static constexpr int kBarOff = kVOff + kStages * kKVBytes;
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kNumBars = 2 * kQStages + 4 * kStages;
   // + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
   static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
@@ -70,7 +82,8 @@ struct FwdTraits {
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
   static_assert(kBlockM <= 256, "a TMA box has at most 256 rows");
-  static_assert(128 * (Tune::kProducerRegs + kConsumers * Tune::kConsumerRegs) <= 65536,
+  static_assert(kQStages == 1 || kQStages == 2, "one Q buffer, or two (next tile's Q prefetched)");
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
                 "setmaxnreg budget over the register file");
   // Barrier ids for the ping-pong (0 is __syncthreads): consumer c waits on
   // kTurnBarrier0 + c, which consumer c-1 (mod kConsumers) arrives on.
@@ -173,14 +186,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
   }
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
+template <int D, typename T, int C>
+__global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
                    const __grid_constant__ CUtensorMap tma_v,
                    const __grid_constant__ AttentionParams p, const FwdArgs a) {
 #if FLASHATTN_SM90_DEVICE
-  using K = FwdTraits<D, T>;
+  using K = FwdTraits<D, T, C>;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -188,9 +201,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
   T* sK = reinterpret_cast<T*>(smem + K::kKOff);
   T* sV = reinterpret_cast<T*>(smem + K::kVOff);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
-  uint64_t* full_q = bars;
-  uint64_t* empty_q = bars + 1;
-  uint64_t* full_k = bars + 2;
+  uint64_t* full_q = bars;  // [kQStages]
+  uint64_t* empty_q = bars + K::kQStages;
+  uint64_t* full_k = bars + 2 * K::kQStages;
   uint64_t* empty_k = full_k + kStages;
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
@@ -198,8 +211,10 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    mbar_init(full_q, 1);
-    mbar_init(empty_q, kConsumerWarps);
+    for (int s = 0; s < K::kQStages; ++s) {
+      mbar_init(&full_q[s], 1);
+      mbar_init(&empty_q[s], kConsumerWarps);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full_k[s], 1);
       mbar_init(&full_v[s], 1);
@@ -212,30 +227,36 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
-    setmaxnreg_dec<K::Tune::kProducerRegs>();
+    setmaxnreg_dec<K::kProducerRegs>();
     if (threadIdx.x == 0) {
       tma_prefetch_map(&tma_q);
       tma_prefetch_map(&tma_k);
       tma_prefetch_map(&tma_v);
       const bool varlen = p.is_varlen();
       const int group = p.heads_q / p.heads_kv;
-      uint32_t q_phase = 0;
+      int qt = 0;  // tiles with loads so far: Q buffer qt % kQStages
       int it = 0;
       for (int round = 0; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
         const int t = snake_rank(round, gridDim.x, blockIdx.x);
         if (t >= a.num_tiles) continue;
         const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
         if (!w.valid || w.n_end <= w.n_begin) continue;
+        const int qs = qt % K::kQStages;
+        const uint32_t q_phase = (qt / K::kQStages) & 1;
+        ++qt;
         const int bq = varlen ? 0 : w.b;
         const int row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
         const int row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
         const int hk = w.h / group;
-        mbar_wait(empty_q, q_phase ^ 1);
-        mbar_arrive_expect_tx(full_q, K::kQBytes);
+        // NOTES: with two Q buffers this wait is for the Q of two tiles ago,
+        // released long since: Q(t+1) is loaded as soon as the last K/V of
+        // tile t are issued, while the consumers still work on tile t.
+        mbar_wait(&empty_q[qs], q_phase ^ 1);
+        mbar_arrive_expect_tx(&full_q[qs], K::kQBytes);
 #pragma unroll
         for (int c = 0; c < K::kColBlocks; ++c)
-          tma_load_4d(sQ + c * kBlockM * 64, &tma_q, full_q, c * 64, row_q, w.h, bq);
-        q_phase ^= 1;
+          tma_load_4d(sQ + (qs * K::kColBlocks + c) * kBlockM * 64, &tma_q, &full_q[qs], c * 64,
+                      row_q, w.h, bq);
         for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1;
@@ -257,7 +278,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
     }
   } else {
     // ------------------------------------------------------------ consumers
-    setmaxnreg_inc<K::Tune::kConsumerRegs>();
+    setmaxnreg_inc<K::kConsumerRegs>();
     const int cw = wg - 1;  // consumer warpgroup: query rows cw*64 .. cw*64+63 of the tile
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
@@ -270,7 +291,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
     const uint32_t other_turn = K::kTurnBarrier0 + (cw + 1) % K::kConsumers;
     if (kPingPong && cw == K::kConsumers - 1) named_arrive(K::kTurnBarrier0, kTurnThreads);
 
-    const uint32_t q_base = smem_addr(sQ) + cw * 64 * 128;
+    const uint32_t q_base0 = smem_addr(sQ) + cw * 64 * 128;
+    uint32_t q_base = q_base0;
     const uint32_t k_base = smem_addr(sK);
     const uint32_t v_base = smem_addr(sV);
     auto desc_q = [&](int kk) {
@@ -284,7 +306,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
       return make_smem_desc_sw128(v_base + s * K::kKVBytes + kt * 16 * 128, kBlockN * 128, 1024);
     };
 
-    uint32_t q_phase = 0;
+    int qt = 0;  // tiles with loads so far, as the producer counts them
     int it = 0;
     for (int round = 0; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
       const int t = snake_rank(round, gridDim.x, blockIdx.x);
@@ -301,8 +323,12 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
       if (w.n_end > w.n_begin) {
-        mbar_wait(full_q, q_phase);
-        q_phase ^= 1;
+        const int qs = qt % K::kQStages;
+        const uint32_t q_phase = (qt / K::kQStages) & 1;
+        ++qt;
+        q_base = q_base0 + qs * K::kQBytes;
+        uint64_t* const q_empty = &empty_q[qs];
+        mbar_wait(&full_q[qs], q_phase);
 
         float sc[kBlockN / 2];
         uint32_t pa[kBlockN / 16][4];
@@ -378,7 +404,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
           wgmma_wait<0>();
           fence_operands(sc);
           release(&empty_k[s]);
-          if (n == w.n_begin) release(empty_q);
+          if (n == w.n_begin) release(q_empty);
           {
             float corr[2];
             softmax(n, corr);
@@ -403,7 +429,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
             wgmma_wait<1>();
             fence_operands(sc);
             release(&empty_k[s]);
-            if (n == w.n_begin) release(empty_q);
+            if (n == w.n_begin) release(q_empty);
             float corr[2];
             softmax(n, corr);
             wgmma_wait<0>();
@@ -435,7 +461,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
             wgmma_wait<0>();
             fence_operands(sc);
             release(&empty_k[s]);
-            if (n == w.n_begin) release(empty_q);
+            if (n == w.n_begin) release(q_empty);
             float corr[2];
             softmax(n, corr);
             rescale_o(corr);
@@ -456,6 +482,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
       // ---------------------------------------------------------- epilogue
       // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
       float inv[2];
+      const bool full_dim = p.head_dim == D;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float sum = l[r];
@@ -472,8 +499,11 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
                                                       p.o_row_stride, p.o_head_stride, varlen);
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-          *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
-              pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          // Columns 8i..8i+7 exist when 8i < head_dim (a multiple of 8).
+          if (full_dim || 8 * i < p.head_dim) {
+            *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
+                pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          }
         }
         if (p.lse != nullptr && lane % 4 == 0) {
           p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
@@ -488,18 +518,20 @@ __global__ void __launch_bounds__(FwdTraits<D, T>::kThreads, 1)
 #endif
 }
 
-template <int D, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  using K = FwdTraits<D, T>;
-  if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim mismatch");
+template <int D, typename T, int C>
+fa_status launch_kernel(const AttentionParams& p) {
+  using K = FwdTraits<D, T, C>;
+  if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  // d is the real head dim: TMA zero-fills the box columns past it.
   // A size-1 dimension's stride is irrelevant but must be a valid (16-byte
   // multiple, non-zero) value: use the row stride there.
   auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
                       int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                       uint32_t box_rows) {
-    const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(rows),
+    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(rows),
                               static_cast<uint64_t>(heads),
                               static_cast<uint64_t>(varlen ? 1 : p.batch)};
     const int64_t hs = heads == 1 ? row_stride : head_stride;
@@ -543,7 +575,7 @@ fa_status launch_forward(const AttentionParams& p) {
     l2_bytes = 50 << 20;
   }
   // K and V bytes one query head walks (query heads of a GQA group share them).
-  const double kv_per_head = 4.0 * p.seqlen_k * D / p.group_size();
+  const double kv_per_head = 4.0 * p.seqlen_k * p.head_dim / p.group_size();
   const double fit = (l2_bytes / 2) / (kv_per_head > 1.0 ? kv_per_head : 1.0);
   const int num_bh = p.batch * p.heads_q;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
@@ -556,13 +588,26 @@ fa_status launch_forward(const AttentionParams& p) {
   if (group < min_group) group = min_group;
   a.group_heads = group < num_bh ? group : num_bh;
 
-  auto kernel = forward_kernel<D, T>;
+  auto kernel = forward_kernel<D, T, C>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
   kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mk, mv, p, a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward launch: ") + cudaGetErrorString(err));
   return FA_OK;
+}
+
+// NOTES: causal runs on kCausalConsumers warpgroups where the tuning asks for
+// it (d = 64: 2 instead of 3): 192-row query tiles put more of each causal
+// tile on the masked diagonal (perf-notes: 5-10% slower than 128-row tiles at
+// 512-4k, equal at 8k/16k).
+template <int D, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  using Tune = ForwardTuning<D>;
+  if constexpr (Tune::kCausalConsumers != Tune::kConsumers) {
+    if (p.window_right == 0) return launch_kernel<D, T, Tune::kCausalConsumers>(p);
+  }
+  return launch_kernel<D, T, Tune::kConsumers>(p);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,4 +1,5 @@
 // The Hopper forward's launchers, one instantiation per (head dim, dtype) in fwd_hdim*.cu.
+// launch_forward<D> takes any head_dim that is a multiple of 8 and at most D.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +17,7 @@ fa_status launch_forward(const AttentionParams& p);
   extern template fa_status launch_forward<D, __nv_bfloat16>(const AttentionParams&);
 FLASHATTN_SM90_FWD_EXTERN(64)
 FLASHATTN_SM90_FWD_EXTERN(128)
+FLASHATTN_SM90_FWD_EXTERN(192)
 FLASHATTN_SM90_FWD_EXTERN(256)
 #undef FLASHATTN_SM90_FWD_EXTERN
 

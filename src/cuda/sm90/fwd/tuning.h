@@ -3,16 +3,20 @@
 // Shape: kConsumers consumer warpgroups of 64 query rows each (wgmma's M is
 // 64 per warpgroup; kBlockM = 64 * kConsumers rows per CTA) plus one producer
 // warpgroup that only issues TMA loads; one persistent CTA per SM.
-//   kConsumers / kProducerRegs / kConsumerRegs: registers are 65536 per SM,
-//             65536 / threads at launch; setmaxnreg moves them from the
-//             producer to the consumers: 128 * (kProducerRegs + kConsumers *
-//             kConsumerRegs) <= 65536 (2 consumers: 24 + 2 * 240; 3: 24 + 3 * 160).
+//   kConsumers / kProducerRegs: registers are 65536 per SM, 65536 / threads
+//             at launch; setmaxnreg moves them from the producer to the
+//             consumers: 128 * (kProducerRegs + kConsumers * consumer_regs)
+//             <= 65536 (2 consumers: 24 + 2 * 240; 3: 24 + 3 * 160).
+//   kCausalConsumers  consumer warpgroups when the mask is causal (a second
+//             instantiation where it differs from kConsumers).
+//   kQStages  Q buffers: 2 lets the producer load the next tile's Q while the
+//             consumers still work on the current one (where smem allows).
 //
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
 //             S (kBlockN/2 f32) and P (kBlockN/4 regs) at once.
 //   kStages   K/V ring depth in shared memory. Bounded by 227 KB:
-//             smem = 128*d*2 (Q) + kStages * 2 * kBlockN*d*2 (K, V).
+//             smem = kQStages * kBlockM*d*2 (Q) + kStages * 2 * kBlockN*d*2 (K, V).
 //   kIntraWgOverlap  issue S(j+1) = Q K(j+1)^T together with O += P(j) V(j),
 //             so the tensor cores run while the softmax of tile j+1 runs
 //             (FA3's intra-warpgroup pipelining). Costs S + P registers live
@@ -31,7 +35,7 @@
 #define FLASHATTN_SM90_PINGPONG 1
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_128
-#define FLASHATTN_SM90_BLOCKN_128 176
+#define FLASHATTN_SM90_BLOCKN_128 128
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_256
 #define FLASHATTN_SM90_BLOCKN_256 80
@@ -39,8 +43,31 @@
 #ifndef FLASHATTN_SM90_CONSUMERS_64
 #define FLASHATTN_SM90_CONSUMERS_64 3
 #endif
+#ifndef FLASHATTN_SM90_CAUSAL_CONSUMERS_64
+#define FLASHATTN_SM90_CAUSAL_CONSUMERS_64 2
+#endif
+#ifndef FLASHATTN_SM90_BLOCKN_192
+#define FLASHATTN_SM90_BLOCKN_192 112
+#endif
+#ifndef FLASHATTN_SM90_QSTAGES_192
+#define FLASHATTN_SM90_QSTAGES_192 1
+#endif
+#ifndef FLASHATTN_SM90_QSTAGES_64
+#define FLASHATTN_SM90_QSTAGES_64 2
+#endif
+#ifndef FLASHATTN_SM90_QSTAGES_128
+#define FLASHATTN_SM90_QSTAGES_128 2
+#endif
 
 namespace flashattn::cuda::sm90 {
+
+// Registers per consumer thread for a given number of consumer warpgroups:
+// what is left of 512 per thread-slot after the producer's 24, rounded down to
+// setmaxnreg's multiple of 8, capped at its 240 (2: 240, 3: 160).
+constexpr int consumer_regs(int consumers) {
+  const int r = ((512 - 24) / consumers) / 8 * 8;
+  return r < 240 ? r : 240;
+}
 
 template <int HeadDim>
 struct ForwardTuning;
@@ -50,26 +77,47 @@ struct ForwardTuning;
 // as its exponentials on the MUFU (64*kBlockN at 16/clk/SM). Three consumer
 // warpgroups (kBlockM 192, FA3's shape for d = 64) keep the tensor cores fed
 // while two of them are in their softmax; O (32) + S (64) + P (32) regs fit
-// in 160. Wide K/V tiles and a deep ring (each tile is only 16 KB):
-// 24 + 4 * 32 = 152 KB.
+// in 160. Wide K/V tiles and a deep ring (each tile is only 16 KB), and room
+// for two Q buffers: 2 * 24 + 4 * 32 = 176 KB.
+// Causal runs with two consumer warpgroups (kBlockM 128): fewer of a tile's
+// rows sit on the masked diagonal (3 were 5-10% slower at 512-4k causal).
 template <>
 struct ForwardTuning<64> {
   static constexpr int kConsumers = FLASHATTN_SM90_CONSUMERS_64;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 3 ? 160 : 240;
-  static constexpr int kBlockN = 128, kStages = 4;
+  static constexpr int kCausalConsumers = FLASHATTN_SM90_CAUSAL_CONSUMERS_64;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
-// NOTES: 176-key tiles (FA3's choice for d = 128): S 88 + O 64 + P 44 regs;
-// 32 + 2 * 88 = 208 KB. Measured on the H100 against 128-key tiles (bf16,
-// TFLOP/s at 2k / 8k / 16k): non-causal 528/628/635 vs 521/585/604, causal
-// 402/514/548 vs 417/498/518; in the next run 496/592/614 vs 555/598/614 and
-// 388/505/529 vs 419/506/532 (in both, the variant timed second won): within
-// the run-to-run spread. Kept: it is the configuration the final tests ran.
+// NOTES: 128-key tiles and two Q buffers: 2 * 32 + 2 * 2 * 32 = 192 KB (176-key
+// tiles, FA3's choice, leave room for one Q only: 32 + 2 * 2 * 44 = 208 KB).
+// 176 vs 128 keys alone was within the run-to-run spread (528/628/635 vs
+// 521/585/604 at 2k/8k/16k in one run, 496/592/614 vs 555/598/614 in the
+// next). With the second Q buffer, the next tile's Q and first K load while
+// the current tile runs: 2k/4k/8k non-causal 529/563/591 vs 486/534/587 and
+// 499/547/590 (176 keys, one Q, timed before and after), causal 415/464/498
+// vs 390/441/490 and 389/449/501 (bf16, H100, one run).
 template <>
 struct ForwardTuning<128> {
-  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
+  static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
+  static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+};
+
+// NOTES: d = 192 (three 64-column swizzle blocks) has its own kernel: run on
+// the d = 256 one, a third of its Q K^T and P V work would multiply zeros.
+// O is 96 regs; 112-key tiles (S 56 + P 28: 180 live, as d = 256's 188) and Q
+// of 48 KB: 48 + 2 * 2 * 42 = 216 KB (128 keys would need 240 KB).
+// Measured against 80-key tiles with two Q buffers (2 * 48 + 2 * 2 * 30 =
+// 216 KB; bf16, H100, TFLOP/s at 2k/4k/8k, one run, 112 timed after):
+// non-causal 573/600/633 vs 566/586/613, causal 447/467/573 vs 448/456/562.
+template <>
+struct ForwardTuning<192> {
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
+  static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -79,10 +127,14 @@ struct ForwardTuning<128> {
 // 2k / 8k / 16k): non-causal 655/676/728 vs 539/608/623, causal 454/585/472
 // vs 420/518/416: each P V wgmma has K = 80 instead of 64 and the per-tile
 // softmax/barrier overhead is spread over 25% more keys.
+// No room for a second Q buffer. Tried and dropped: the producer requesting a
+// tile's first K before its Q and prefetching the next tile's Q into L2
+// (predicted +3-5% at 2k): 564/621/674 vs 577/624/685 without either
+// (non-causal 2k/4k/8k), causal 472/512/574 vs 482/520/579: no gain.
 template <>
 struct ForwardTuning<256> {
-  static constexpr int kConsumers = 2, kProducerRegs = 24, kConsumerRegs = 240;
-  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 

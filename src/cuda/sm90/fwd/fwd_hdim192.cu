@@ -1,0 +1,7 @@
+// Hopper forward instantiations for head dim 192 (one file per head dim so they build in parallel).
+#include "cuda/sm90/fwd/kernel.cuh"
+
+namespace flashattn::cuda::sm90 {
+template fa_status launch_forward<192, __half>(const AttentionParams&);
+template fa_status launch_forward<192, __nv_bfloat16>(const AttentionParams&);
+}  // namespace flashattn::cuda::sm90
