@@ -1,0 +1,468 @@
+// The Hopper backward kernel (FlashAttention-3's structure, our implementation).
+//
+// One CTA per key tile: kBlockN = 128 keys of one kv head of one sequence. It
+// walks the query tiles that can see the tile (MaskPolicy::query_begin/_end),
+// for every query head of the kv head's group, and keeps dK and dV in registers
+// throughout. Warpgroup 0 is the producer: its first warp loads K and V once
+// (TMA), then per query tile Q and dO (TMA) and the tile's lse (log2 domain)
+// and D rows (plain loads by the warp's 32 lanes, published by their mbarrier
+// arrivals) into a kStages ring. Warpgroups 1 and 2 are consumers, 64 keys
+// each, with keys as wgmma's M dimension:
+//   S^T  = K Q^T                  wgmma, A = K (smem, K-major), B = Q (K-major)
+//   dP^T = V dO^T                 wgmma, A = V, B = dO
+//   P^T  = exp2(S^T * scale*log2e - lse*log2e)    (0 where masked)
+//   dS^T = P^T * (dP^T - D) [* (1 - tanh^2) with softcap]
+//   dV  += P^T dO                 wgmma, A = P^T (registers), B = dO (MN-major)
+//   dK  += dS^T Q                 wgmma, A = dS^T (registers), B = Q (MN-major)
+//   dS^T -> shared memory ([key][query], 128B-swizzled), both warpgroups
+//   dQ_partial = dS K             wgmma, A = dS (smem, MN-major), B = K (MN-major)
+//   dQ_partial -> red.global.add into the f32 dQ accumulator.
+// The sm80 pre-pass computed D = rowsum(dO * O) and zeroed the accumulator; its
+// post-pass scales it by the softmax scale into dq. dK is scaled here.
+//
+// NOTES:
+// - The scale is applied to dK (epilogue) and dQ (post-pass), not folded into
+//   dS (fp16 subnormals: see the sm80 kernel's NOTES).
+// - Masking: a (query tile, key tile) pair that MaskPolicy::tile_fully_visible
+//   clears tests nothing; others test each element (visible(i, j) and i <
+//   seqlen_q), which also zeroes P for query rows past the sequence (TMA fills
+//   them with the next sequence's rows in varlen batches) and keys past it.
+// - Rows whose lse is -inf see no key: the producer stores +inf as their
+//   log2-domain lse, so P = exp2(x - inf) = 0 and no NaN appears.
+// - dS^T is double-buffered in shared memory: the one named barrier per query
+//   tile (both warpgroups have written their half) also proves that both have
+//   finished the dQ wgmma of the tile before, which read the other buffer.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "core/mask.h"
+#include "core/params.h"
+#include "cuda/sm90/arch.h"
+#include "cuda/sm90/bwd/launch.h"
+#include "cuda/sm90/bwd/tuning.h"
+#include "cuda/sm90/sync.h"
+#include "cuda/sm90/tma.h"
+#include "cuda/sm90/wgmma.h"
+
+namespace flashattn::cuda::sm90 {
+
+template <int D, typename T>
+struct BwdTraits {
+  using Tune = BackwardTuning<D>;
+  static constexpr int kConsumers = 2;
+  static constexpr int kBlockN = 64 * kConsumers;  // keys per CTA
+  static constexpr int kBlockM = Tune::kBlockM;    // queries per tile
+  static constexpr int kStages = Tune::kStages;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kColBlocks = D / 64;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  // dQ = dS K split between the two consumers along queries (kBlockM 128) or
+  // along d (kBlockM 64); each runs m64 x n kDqN wgmmas.
+  static constexpr bool kDqSplitM = kBlockM == 128;
+  static constexpr int kDqN = kDqSplitM ? D : D / 2;
+  static constexpr int kKOff = 0;
+  static constexpr int kVOff = kKOff + kKVBytes;
+  static constexpr int kQOff = kVOff + kKVBytes;
+  static constexpr int kDoOff = kQOff + kStages * kQBytes;
+  static constexpr int kDsOff = kDoOff + kStages * kQBytes;
+  static constexpr int kLseOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kDOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr int kBarOff = kDOff + kStages * kBlockM * 4;
+  static constexpr int kNumBars = 1 + 2 * kStages;
+  // + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
+  static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
+  // full[s] completes on the TMA bytes plus the arrivals of the producer warp's
+  // 32 lanes (lane 0 arrives twice: expect_tx, then with its lse/D stores).
+  static constexpr uint32_t kFullArrivals = 1 + 32;
+  static constexpr uint32_t kDsBarrier = 1;  // named barrier of the 256 consumer threads
+  static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
+  static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
+  static_assert(kDqN == 64, "dQ wgmmas are m64n64 (WgmmaSSTT<64>)");
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
+                "tiles must stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
+  static_assert(128 * (Tune::kProducerRegs + kConsumers * Tune::kConsumerRegs) <= 65536,
+                "setmaxnreg budget over the register file");
+};
+
+// Query tiles [m_begin, m_begin + n_m) see key tile n (rows k0 .. k0 + kv_rows).
+struct KeyTileWork {
+  int k0, kv_rows, m_begin, n_m, iters;  // iters = n_m * query heads of the group
+};
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ KeyTileWork key_tile_work(const AttentionParams& p, const MaskPolicy& mask,
+                                                     int n_tile) {
+  KeyTileWork w;
+  w.k0 = n_tile * kBlockN;
+  w.kv_rows = min(kBlockN, mask.seqlen_k - w.k0);
+  w.m_begin = mask.query_begin(w.k0) / kBlockM;
+  const int m_end = (mask.query_end(w.k0 + w.kv_rows) + kBlockM - 1) / kBlockM;
+  w.n_m = max(0, m_end - w.m_begin);
+  w.iters = w.n_m * p.group_size();
+  return w;
+}
+
+__device__ __forceinline__ float bwd_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// dst[0..1] += (a, b), fire-and-forget (no returned value to wait for).
+__device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+
+__device__ __forceinline__ float2 ld_shared_v2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                    const __grid_constant__ CUtensorMap tma_do,
+                    const __grid_constant__ CUtensorMap tma_k,
+                    const __grid_constant__ CUtensorMap tma_v,
+                    const __grid_constant__ AttentionParams p, const bwd::Workspace ws) {
+#if FLASHATTN_SM90_DEVICE
+  using K = BwdTraits<D, T>;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int n_tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const SequenceInfo seq = sequence_info(p, b);
+  if (n_tile * kBlockN >= seq.seqlen_k) return;  // whole CTA: before any barrier
+  const MaskPolicy mask = mask_for(p, seq);
+  const KeyTileWork w = key_tile_work<kBlockM, kBlockN>(p, mask, n_tile);
+  const int group = p.group_size();
+  const bool varlen = p.is_varlen();
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  float* s_lse = reinterpret_cast<float*>(smem + K::kLseOff);
+  float* s_d = reinterpret_cast<float*>(smem + K::kDOff);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
+  uint64_t* full_kv = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = full + kStages;
+  constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    mbar_init(full_kv, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], K::kFullArrivals);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<K::Tune::kProducerRegs>();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp != 0 || w.iters == 0) return;
+    const int bq = varlen ? 0 : b;
+    const int row_q0 = varlen ? static_cast<int>(seq.row_q) : 0;
+    const int row_k = (varlen ? static_cast<int>(seq.row_k) : 0) + w.k0;
+    if (lane == 0) {
+      tma_prefetch_map(&tma_q);
+      tma_prefetch_map(&tma_do);
+      mbar_arrive_expect_tx(full_kv, 2 * K::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < K::kColBlocks; ++c) {
+        tma_load_4d(smem + K::kKOff + c * kBlockN * 128, &tma_k, full_kv, c * 64, row_k, hk, bq);
+        tma_load_4d(smem + K::kVOff + c * kBlockN * 128, &tma_v, full_kv, c * 64, row_k, hk, bq);
+      }
+    }
+    for (int it = 0; it < w.iters; ++it) {
+      const int s = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      const int h = hk * group + it / w.n_m;
+      const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
+      mbar_wait(&empty[s], ph ^ 1);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&full[s], 2 * K::kQBytes);
+#pragma unroll
+        for (int c = 0; c < K::kColBlocks; ++c) {
+          tma_load_4d(smem + K::kQOff + s * K::kQBytes + c * kBlockM * 128, &tma_q, &full[s], c * 64,
+                      row_q0 + q0, h, bq);
+          tma_load_4d(smem + K::kDoOff + s * K::kQBytes + c * kBlockM * 128, &tma_do, &full[s],
+                      c * 64, row_q0 + q0, h, bq);
+        }
+      }
+      // lse in the log2 domain (+inf for rows that see no key and rows past the
+      // sequence: P = 0 there) and D of the tile's rows.
+#pragma unroll
+      for (int r = lane; r < kBlockM; r += 32) {
+        const int i = q0 + r;
+        float lse2 = INFINITY, dd = 0.0f;
+        if (i < seq.seqlen_q) {
+          const float lse = p.lse[lse_offset(p, b, seq.row_q, i, h)];
+          lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+          dd = ws.row_d[static_cast<int64_t>(h) * p.total_q + seq.row_q + i];
+        }
+        s_lse[s * kBlockM + r] = lse2;
+        s_d[s * kBlockM + r] = dd;
+      }
+      mbar_arrive(&full[s]);  // release: the stores above are visible to the waiters
+    }
+  } else {
+    // ------------------------------------------------------------ consumers
+    setmaxnreg_inc<K::Tune::kConsumerRegs>();
+    const int cw = wg - 1;  // keys cw*64 .. cw*64+63 of the tile
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32, lane = tid % 32;
+    const int quad = lane % 4;
+
+    const uint32_t k_base = smem_addr(smem + K::kKOff);
+    const uint32_t v_base = smem_addr(smem + K::kVOff);
+    const uint32_t q_base = smem_addr(smem + K::kQOff);
+    const uint32_t do_base = smem_addr(smem + K::kDoOff);
+    const uint32_t ds_base = smem_addr(smem + K::kDsOff);
+    const uint32_t lse_base = smem_addr(s_lse), d_base = smem_addr(s_d);
+    // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
+    auto desc_kv_rows = [&](uint32_t base, int kk) {
+      return make_smem_desc_sw128(base + (kk / 4) * kBlockN * 128 + cw * 64 * 128 + (kk % 4) * 32,
+                                  16, 1024);
+    };
+    // B = the Q / dO tile, queries as N (K-major over d).
+    auto desc_qdo_rows = [&](uint32_t base, int s, int kk) {
+      return make_smem_desc_sw128(base + s * K::kQBytes + (kk / 4) * kBlockM * 128 + (kk % 4) * 32,
+                                  16, 1024);
+    };
+    // dV / dK: B = dO / Q with queries as K, d as N (MN-major), k-step kt.
+    auto desc_qdo_mn = [&](uint32_t base, int s, int kt) {
+      return make_smem_desc_sw128(base + s * K::kQBytes + kt * 16 * 128, kBlockM * 128, 1024);
+    };
+    // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
+    // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
+    const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
+    const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * kBlockN * 128;
+    auto desc_ds = [&](int buf, int kt) {
+      return make_smem_desc_sw128(ds_base + buf * K::kDsBytes + dq_a_off + kt * 16 * 128,
+                                  kBlockN * 128, 1024);
+    };
+    auto desc_k_mn = [&](int kt) {
+      return make_smem_desc_sw128(k_base + dq_b_off + kt * 16 * 128, kBlockN * 128, 1024);
+    };
+
+    const float scale_log2 = ws.scale_log2;
+    const bool softcap = p.softcap > 0.0f;
+    const float softcap_in = ws.inv_softcap;  // scale / softcap
+    const float cap_log2 = p.softcap * kLog2e;
+    // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
+    const int key_r = cw * 64 + warp * 16 + lane / 4;
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+
+    if (w.iters > 0) mbar_wait(full_kv, 0);
+    for (int it = 0; it < w.iters; ++it) {
+      const int s = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      const int buf = it & 1;
+      const int h = hk * group + it / w.n_m;
+      const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
+      mbar_wait(&full[s], ph);
+
+      // S^T = K Q^T and dP^T = V dO^T (64 keys x kBlockM queries each).
+      float st[kBlockM / 2], dpt[kBlockM / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<kBlockM, T>::run(st, desc_kv_rows(k_base, kk), desc_qdo_rows(q_base, s, kk), kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<kBlockM, T>::run(dpt, desc_kv_rows(v_base, kk), desc_qdo_rows(do_base, s, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(st);
+      fence_operands(dpt);
+
+      // P^T and dS^T in place (st <- P, dpt <- dS). Element e of accumulator
+      // tile i: key key_r + 8*(e>>1), query q0 + 8i + 2*quad + (e&1).
+      const bool full_tile = mask.tile_fully_visible(q0, q0 + kBlockM, w.k0, w.k0 + kBlockN);
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const int col = 8 * i + 2 * quad;
+        const float2 lse2 = ld_shared_v2(lse_base + 4u * (s * kBlockM + col));
+        const float2 dd = ld_shared_v2(d_base + 4u * (s * kBlockM + col));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = st[4 * i + e];
+          const float l2 = (e & 1) ? lse2.y : lse2.x;
+          float pr, dcap = 1.0f;
+          if (softcap) {
+            const float th = tanhf(x * softcap_in);
+            pr = bwd_exp2(fmaf(th, cap_log2, -l2));
+            dcap = 1.0f - th * th;
+          } else {
+            pr = bwd_exp2(fmaf(x, scale_log2, -l2));
+          }
+          if (!full_tile) {
+            const int qi = q0 + col + (e & 1);
+            const int kj = w.k0 + key_r + 8 * (e >> 1);
+            if (qi >= seq.seqlen_q || !mask.visible(qi, kj)) pr = 0.0f;
+          }
+          st[4 * i + e] = pr;
+          dpt[4 * i + e] = pr * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x)) * dcap;
+        }
+      }
+      // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
+      uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
+#pragma unroll
+      for (int kt = 0; kt < kBlockM / 16; ++kt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          pa[kt][j] = pack2<T>(st[8 * kt + 2 * j], st[8 * kt + 2 * j + 1]);
+          da[kt][j] = pack2<T>(dpt[8 * kt + 2 * j], dpt[8 * kt + 2 * j + 1]);
+        }
+      }
+
+      // dV += P^T dO, dK += dS^T Q (async; the fragments stay untouched).
+      fence_operands(dv);
+      fence_operands(dk);
+      fence_operands(pa);
+      fence_operands(da);
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+#pragma unroll
+      for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+      wgmma_commit();
+
+      // dS^T -> shared memory [key][query], 128B-swizzled (chunk ^= row % 8):
+      // fragment da[kt][j] is accumulator tile i = 2kt + (j >> 1), key row
+      // key_r + 8 * (j & 1), queries 8i + 2*quad, +1.
+      {
+        const uint32_t dsb = ds_base + buf * K::kDsBytes;
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int i = 2 * kt + (j >> 1);
+            const int row = key_r + 8 * (j & 1);
+            const uint32_t addr = dsb + (i / 8) * (kBlockN * 128) + row * 128 +
+                                  (((i % 8) ^ (row % 8)) * 16) + quad * 4;
+            st_shared_b32(addr, da[kt][j]);
+          }
+        }
+      }
+      fence_proxy_async_smem();
+      named_sync(K::kDsBarrier, 128 * K::kConsumers);
+
+      // dQ partial = dS K (this warpgroup's half), then into the accumulator.
+      float dq[K::kDqN / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds(buf, kt), desc_k_mn(kt), kt > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dq);
+      fence_operands(dv);
+      fence_operands(dk);
+      fence_operands(pa);
+      fence_operands(da);
+      // Q, dO, lse, D of stage s are no longer read.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+
+      const int dq_row0 = (K::kDqSplitM ? cw * 64 : 0) + warp * 16 + lane / 4;
+      const int dq_col0 = (K::kDqSplitM ? 0 : cw * 64) + 2 * quad;
+      float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = dq_row0 + 8 * r;
+        if (q0 + row >= seq.seqlen_q) continue;
+#pragma unroll
+        for (int i = 0; i < K::kDqN / 8; ++i)
+          red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      }
+    }
+
+    // ---------------------------------------------------------- epilogue
+    // dK (scaled), dV: rows of this sequence's keys only.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = w.k0 + key_r + 8 * r;
+      if (key >= seq.seqlen_k) continue;
+      T* dkrow = static_cast<T*>(p.dk) + row_offset(b, seq.row_k, key, hk, p.dk_batch_stride,
+                                                    p.dk_row_stride, p.dk_head_stride, varlen);
+      T* dvrow = static_cast<T*>(p.dv) + row_offset(b, seq.row_k, key, hk, p.dv_batch_stride,
+                                                    p.dv_row_stride, p.dv_head_stride, varlen);
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const int c = 8 * i + 2 * quad;
+        *reinterpret_cast<uint32_t*>(dkrow + c) =
+            pack2<T>(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvrow + c) = pack2<T>(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+      }
+    }
+  }
+#endif
+}
+
+template <int D, typename T>
+fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
+  using K = BwdTraits<D, T>;
+  if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: head_dim mismatch");
+  const bool varlen = p.is_varlen();
+  // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  // A size-1 dimension's stride is irrelevant but must be a valid (16-byte
+  // multiple, non-zero) value: use the row stride there.
+  auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
+                      int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                      uint32_t box_rows) {
+    const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(rows),
+                              static_cast<uint64_t>(heads),
+                              static_cast<uint64_t>(varlen ? 1 : p.batch)};
+    const int64_t hs = heads == 1 ? row_stride : head_stride;
+    const int64_t bs = (varlen || p.batch == 1) ? row_stride : batch_stride;
+    const uint64_t strides[3] = {static_cast<uint64_t>(row_stride) * 2,
+                                 static_cast<uint64_t>(hs) * 2, static_cast<uint64_t>(bs) * 2};
+    const uint32_t box[4] = {64, box_rows, 1, 1};
+    return make_tma_map_4d(map, base, p.dtype, dims, strides, box);
+  };
+  CUtensorMap mq, mdo, mk, mv;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
+  FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
+                              p.q_batch_stride, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_map(&mdo, p.dout, rows_q, p.heads_q, p.do_row_stride, p.do_head_stride,
+                              p.do_batch_stride, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_map(&mk, p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride,
+                              p.k_batch_stride, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_map(&mv, p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride,
+                              p.v_batch_stride, K::kBlockN));
+
+  const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_kv, p.batch);
+  if (grid.x == 0 || grid.z == 0) return FA_OK;
+  auto kernel = backward_kernel<D, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
+  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mdo, mk, mv, p, ws);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward launch: ") + cudaGetErrorString(err));
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::sm90

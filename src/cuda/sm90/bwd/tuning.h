@@ -1,0 +1,53 @@
+// Every tuning choice of the Hopper backward kernel, per head dim, in one place.
+//
+// Shape: one CTA per key tile of kBlockN = 128 keys (one kv head of one
+// sequence); two consumer warpgroups own 64 keys each (wgmma's M is 64 per
+// warpgroup, so dK and dV of a warpgroup's keys live in its registers for the
+// whole walk over query tiles), plus one producer warpgroup whose first warp
+// loads Q, dO (TMA) and the lse / D rows of each query tile into a kStages ring.
+//   kBlockM   query rows per tile: the N of S^T = K Q^T and dP^T = V dO^T, the
+//             K of dV += P^T dO and dK += dS^T Q. Bounded by registers: a
+//             consumer thread holds dK + dV (2 * 64 * d / 128 = d regs), S^T and
+//             dP^T (2 * 64 * kBlockM / 128 = kBlockM regs) and then P^T, dS^T as
+//             16-bit A fragments (kBlockM / 2 regs) with the dQ tile (32 regs).
+//   kStages   Q/dO ring depth: smem = 2 * kBlockN*d*2 (K, V) + kStages * 2 *
+//             kBlockM*d*2 (Q, dO) + 2 * kBlockN*kBlockM*2 (dS^T, double-buffered).
+//   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
+// dQ = dS K (M = queries, N = d, K = keys) is split between the two consumer
+// warpgroups along the queries when kBlockM = 128, along d when kBlockM = 64:
+// either way each warpgroup runs m64n64 wgmmas over all 128 keys.
+//
+// What runs here and what falls back to the sm80 kernel (api.cu decides):
+//   here:     f16/bf16, head_dim 64 and 128 exactly, causal / sliding window
+//             (bottom-right), softcap, GQA/MQA (the CTA loops over the query
+//             heads of its group, as sm80 does), varlen (zero-length sequences
+//             included), fully masked rows (zero gradients).
+//   fallback: deterministic = true (ordered dQ adds not implemented here yet),
+//             other head dims (d 256: dK + dV of a 64-key warpgroup tile are
+//             256 regs: needs a different split), non-9.0 devices,
+//             FLASHATTN_DISABLE_SM90=1.
+#pragma once
+
+namespace flashattn::cuda::sm90 {
+
+template <int HeadDim>
+struct BackwardTuning;
+
+// NOTES: d 64 (FA3's tile for d 64): 128 x 128. dK + dV 64 regs, S^T + dP^T
+// 128 regs: the largest tile the 240 registers allow. Smem: 2 * 16 (K, V) +
+// 2 * 2 * 16 (Q, dO) + 2 * 32 (dS^T) = 160 KB.
+template <>
+struct BackwardTuning<64> {
+  static constexpr int kBlockM = 128, kStages = 2;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+// NOTES: d 128 (FA3's tile for d 128): 64 x 128. dK + dV 128 regs, S^T + dP^T
+// 64 regs. Smem: 2 * 32 (K, V) + 2 * 2 * 16 (Q, dO) + 2 * 16 (dS^T) = 160 KB.
+template <>
+struct BackwardTuning<128> {
+  static constexpr int kBlockM = 64, kStages = 2;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+}  // namespace flashattn::cuda::sm90
