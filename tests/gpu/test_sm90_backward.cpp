@@ -169,6 +169,28 @@ std::vector<Case> sm90_suite() {
 INSTANTIATE_TEST_SUITE_P(Suite, Sm90Backward, ::testing::ValuesIn(sm90_suite()),
                          [](const auto& info) { return info.param.name(); });
 
+// dK and dV are summed in registers in a fixed order (no atomics), so two runs
+// give the same bits: a difference would be a race (dQ's atomic adds are not
+// ordered and are only checked against the reference).
+TEST(Sm90BackwardStability, DkDvBitwiseAcrossRuns) {
+  FA_REQUIRE_SM90();
+  uint64_t seed = 7700;
+  for (int d : {64, 128}) {
+    Case c = make_case(FA_BF16, 700, 1100, d, seed++);
+    c.heads_q = 6;
+    c.heads_kv = 2;
+    c.causal = d == 128;
+    const Problem p = make_problem(c);
+    Grads a, b;
+    ASSERT_TRUE(run_backward(p, Path::kSm90Direct, false, &a));
+    ASSERT_TRUE(run_backward(p, Path::kSm90Direct, false, &b));
+    EXPECT_EQ(a.dk.bytes, b.dk.bytes) << c.name();
+    EXPECT_EQ(a.dv.bytes, b.dv.bytes) << c.name();
+    SCOPED_TRACE(c.name());
+    expect_matches_reference(p, a);
+  }
+}
+
 // fa_backward takes this kernel for f16/bf16 at head dim 64/128 (unless
 // FLASHATTN_DISABLE_SM90 is set) and the result is right; deterministic mode
 // and other head dims are not this kernel's (sm80 fallback).

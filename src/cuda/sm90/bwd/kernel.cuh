@@ -284,71 +284,114 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
       mbar_wait(&full[s], ph);
 
-      // S^T = K Q^T and dP^T = V dO^T (64 keys x kBlockM queries each).
+      // S^T = K Q^T and dP^T = V dO^T (64 keys x kBlockM queries each), two
+      // commit groups so that P can be computed while dP^T is still running.
       float st[kBlockM / 2], dpt[kBlockM / 2];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         WgmmaSS<kBlockM, T>::run(st, desc_kv_rows(k_base, kk), desc_qdo_rows(q_base, s, kk), kk > 0);
+      wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         WgmmaSS<kBlockM, T>::run(dpt, desc_kv_rows(v_base, kk), desc_qdo_rows(do_base, s, kk), kk > 0);
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(st);
-      fence_operands(dpt);
 
-      // P^T and dS^T in place (st <- P, dpt <- dS). Element e of accumulator
-      // tile i: key key_r + 8*(e>>1), query q0 + 8i + 2*quad + (e&1).
+      // Element e of accumulator tile i: key key_r + 8*(e>>1), query
+      // q0 + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
       const bool full_tile = mask.tile_fully_visible(q0, q0 + kBlockM, w.k0, w.k0 + kBlockN);
-#pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        const int col = 8 * i + 2 * quad;
-        const float2 lse2 = ld_shared_v2(lse_base + 4u * (s * kBlockM + col));
-        const float2 dd = ld_shared_v2(d_base + 4u * (s * kBlockM + col));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = st[4 * i + e];
-          const float l2 = (e & 1) ? lse2.y : lse2.x;
-          float pr, dcap = 1.0f;
-          if (softcap) {
-            const float th = tanhf(x * softcap_in);
-            pr = bwd_exp2(fmaf(th, cap_log2, -l2));
-            dcap = 1.0f - th * th;
-          } else {
-            pr = bwd_exp2(fmaf(x, scale_log2, -l2));
-          }
-          if (!full_tile) {
-            const int qi = q0 + col + (e & 1);
-            const int kj = w.k0 + key_r + 8 * (e >> 1);
-            if (qi >= seq.seqlen_q || !mask.visible(qi, kj)) pr = 0.0f;
-          }
-          st[4 * i + e] = pr;
-          dpt[4 * i + e] = pr * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x)) * dcap;
-        }
-      }
+      auto masked = [&](int i, int e) {
+        const int qi = q0 + 8 * i + 2 * quad + (e & 1);
+        const int kj = w.k0 + key_r + 8 * (e >> 1);
+        return qi >= seq.seqlen_q || !mask.visible(qi, kj);
+      };
+      auto lse_of = [&](int i) { return ld_shared_v2(lse_base + 4u * (s * kBlockM + 8 * i + 2 * quad)); };
+      auto d_of = [&](int i) { return ld_shared_v2(d_base + 4u * (s * kBlockM + 8 * i + 2 * quad)); };
       // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
       uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
+      auto to_frags = [&](const float (&acc)[kBlockM / 2], uint32_t (&f)[kBlockM / 16][4]) {
 #pragma unroll
-      for (int kt = 0; kt < kBlockM / 16; ++kt) {
+        for (int kt = 0; kt < kBlockM / 16; ++kt)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          pa[kt][j] = pack2<T>(st[8 * kt + 2 * j], st[8 * kt + 2 * j + 1]);
-          da[kt][j] = pack2<T>(dpt[8 * kt + 2 * j], dpt[8 * kt + 2 * j + 1]);
-        }
-      }
+          for (int j = 0; j < 4; ++j) f[kt][j] = pack2<T>(acc[8 * kt + 2 * j], acc[8 * kt + 2 * j + 1]);
+      };
+      // dV += P^T dO and dK += dS^T Q (issue only; the fragments stay untouched).
+      auto issue_dv = [&]() {
+        fence_operands(dv);
+        fence_operands(pa);
+        wgmma_fence();
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        wgmma_commit();
+      };
+      auto issue_dk = [&]() {
+        fence_operands(dk);
+        fence_operands(da);
+        wgmma_fence();
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        wgmma_commit();
+      };
 
-      // dV += P^T dO, dK += dS^T Q (async; the fragments stay untouched).
-      fence_operands(dv);
-      fence_operands(dk);
-      fence_operands(pa);
-      fence_operands(da);
-      wgmma_fence();
+      if (!softcap) {
+        // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
+        // dS^T is computed.
+        wgmma_wait<1>();
+        fence_operands(st);
 #pragma unroll
-      for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int i = 0; i < kBlockM / 8; ++i) {
+          const float2 lse2 = lse_of(i);
 #pragma unroll
-      for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
-      wgmma_commit();
+          for (int e = 0; e < 4; ++e) {
+            float pr = bwd_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+            if (!full_tile && masked(i, e)) pr = 0.0f;
+            st[4 * i + e] = pr;
+          }
+        }
+        if constexpr (K::Tune::kEarlyDv) {
+          to_frags(st, pa);
+          issue_dv();
+          wgmma_wait<1>();  // dP^T done (dV may still run)
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_operands(dpt);
+#pragma unroll
+        for (int i = 0; i < kBlockM / 8; ++i) {
+          const float2 dd = d_of(i);
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
+        }
+        if constexpr (!K::Tune::kEarlyDv) {
+          to_frags(st, pa);
+          issue_dv();
+        }
+        to_frags(dpt, da);
+        issue_dk();
+      } else {
+        // Softcap: S' = cap * tanh(S * scale / cap); dS also needs
+        // dS'/dS = 1 - tanh^2, so P and dS are computed together.
+        wgmma_wait<0>();
+        fence_operands(st);
+        fence_operands(dpt);
+#pragma unroll
+        for (int i = 0; i < kBlockM / 8; ++i) {
+          const float2 lse2 = lse_of(i), dd = d_of(i);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float th = tanhf(st[4 * i + e] * softcap_in);
+            float pr = bwd_exp2(fmaf(th, cap_log2, -((e & 1) ? lse2.y : lse2.x)));
+            if (!full_tile && masked(i, e)) pr = 0.0f;
+            st[4 * i + e] = pr;
+            dpt[4 * i + e] = pr * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x)) * (1.0f - th * th);
+          }
+        }
+        to_frags(st, pa);
+        to_frags(dpt, da);
+        issue_dv();
+        issue_dk();
+      }
 
       // dS^T -> shared memory [key][query], 128B-swizzled (chunk ^= row % 8):
       // fragment da[kt][j] is accumulator tile i = 2kt + (j >> 1), key row

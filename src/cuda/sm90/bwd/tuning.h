@@ -12,6 +12,9 @@
 //             16-bit A fragments (kBlockM / 2 regs) with the dQ tile (32 regs).
 //   kStages   Q/dO ring depth: smem = 2 * kBlockN*d*2 (K, V) + kStages * 2 *
 //             kBlockM*d*2 (Q, dO) + 2 * kBlockN*kBlockM*2 (dS^T, double-buffered).
+//   kEarlyDv  issue dV += P^T dO as soon as P is ready, so it runs on the tensor
+//             cores while dS is computed; P's fragments (kBlockM / 4 regs) are
+//             then live next to S^T, dP^T, dK and dV.
 //   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
 // dQ = dS K (M = queries, N = d, K = keys) is split between the two consumer
 // warpgroups along the queries when kBlockM = 128, along d when kBlockM = 64:
@@ -39,6 +42,8 @@ struct BackwardTuning;
 template <>
 struct BackwardTuning<64> {
   static constexpr int kBlockM = 128, kStages = 2;
+  // 64 (dK, dV) + 64 (S^T) + 64 (dP^T) + 32 (P) regs: spilled (48 bytes).
+  static constexpr bool kEarlyDv = false;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
@@ -47,6 +52,7 @@ struct BackwardTuning<64> {
 template <>
 struct BackwardTuning<128> {
   static constexpr int kBlockM = 64, kStages = 2;
+  static constexpr bool kEarlyDv = true;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
