@@ -12,6 +12,9 @@ namespace flashattn::cuda::sm90 {
 bool supports_backward(const AttentionParams& p) {
   // Deterministic mode: the sm80 kernel's ordered dQ adds (not implemented here).
   if (p.deterministic) return false;
+  // Softcap: dS needs 1 - tanh^2 next to P; a second path in the kernel for it
+  // made ptxas serialize the wgmmas (C7512) of every case: sm80 runs it.
+  if (p.softcap > 0.0f) return false;
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   // The forward's checks (dtype, non-empty, int32 TMA coordinates, device 9.0)
   // hold for the backward's tensors too: dout/dq/dk/dv share q/k/v's shapes.

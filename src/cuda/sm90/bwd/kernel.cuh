@@ -11,7 +11,7 @@
 //   S^T  = K Q^T                  wgmma, A = K (smem, K-major), B = Q (K-major)
 //   dP^T = V dO^T                 wgmma, A = V, B = dO
 //   P^T  = exp2(S^T * scale*log2e - lse*log2e)    (0 where masked)
-//   dS^T = P^T * (dP^T - D) [* (1 - tanh^2) with softcap]
+//   dS^T = P^T * (dP^T - D)
 //   dV  += P^T dO                 wgmma, A = P^T (registers), B = dO (MN-major)
 //   dK  += dS^T Q                 wgmma, A = dS^T (registers), B = Q (MN-major)
 //   dS^T -> shared memory ([key][query], 128B-swizzled), both warpgroups
@@ -76,7 +76,13 @@ struct BwdTraits {
   static constexpr int kQOff = kVOff + kKVBytes;
   static constexpr int kDoOff = kQOff + kStages * kQBytes;
   static constexpr int kDsOff = kDoOff + kStages * kQBytes;
-  static constexpr int kLseOff = kDsOff + 2 * kDsBytes;
+  // dQ partial tiles (f32, kBlockM x D) for the TMA reduce-add: D/32 boxes of
+  // kBlockM rows x 128 bytes, 128B-swizzled; kDqBufs of them.
+  static constexpr bool kDqTma = Tune::kDqTma;
+  static constexpr int kDqBufs = kDqTma ? Tune::kDqBufs : 0;
+  static constexpr int kDqBytes = kBlockM * D * 4;
+  static constexpr int kDqOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kLseOff = kDqOff + kDqBufs * kDqBytes;
   static constexpr int kDOff = kLseOff + kStages * kBlockM * 4;
   static constexpr int kBarOff = kDOff + kStages * kBlockM * 4;
   static constexpr int kNumBars = 1 + 2 * kStages;
@@ -86,9 +92,13 @@ struct BwdTraits {
   // 32 lanes (lane 0 arrives twice: expect_tx, then with its lse/D stores).
   static constexpr uint32_t kFullArrivals = 1 + 32;
   static constexpr uint32_t kDsBarrier = 1;  // named barrier of the 256 consumer threads
+  // dQ buffer b: written by the consumers (kDqFull0 + b), drained by the reducer
+  // warp (kDqFree0 + b); 256 consumer threads + 32.
+  static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4, kDqBarThreads = 128 * kConsumers + 32;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
   static_assert(kDqN == 64, "dQ wgmmas are m64n64 (WgmmaSSTT<64>)");
+  static_assert(kDqBufs <= 2, "two dQ barrier pairs");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "tiles must stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
@@ -130,6 +140,15 @@ __device__ __forceinline__ float2 ld_shared_v2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+// x, opaque to the optimizer: keeps per-tile address arithmetic in the loop
+// instead of hoisted into (many) registers live across the whole walk.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -137,6 +156,7 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 template <int D, typename T>
 __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                    const __grid_constant__ CUtensorMap tma_dq,
                     const __grid_constant__ CUtensorMap tma_do,
                     const __grid_constant__ CUtensorMap tma_k,
                     const __grid_constant__ CUtensorMap tma_v,
@@ -178,9 +198,33 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<K::Tune::kProducerRegs>();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp != 0 || w.iters == 0) return;
     const int bq = varlen ? 0 : b;
     const int row_q0 = varlen ? static_cast<int>(seq.row_q) : 0;
+    if (K::kDqTma && warp == 1 && w.iters > 0) {
+      // dQ reducer: adds each finished dQ tile into the f32 accumulator with
+      // one TMA reduce per 32-column box (rows past the tensor are skipped;
+      // rows past a varlen sequence hold zeros: dS = 0 there).
+      for (int it = 0; it < w.iters; ++it) {
+        const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
+        const int h = hk * group + it / w.n_m;
+        const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
+        named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
+        if (lane == 0) {
+#pragma unroll
+          for (int c = 0; c < D / 32; ++c)
+            tma_reduce_add_4d(&tma_dq, smem + K::kDqOff + qb * K::kDqBytes + c * kBlockM * 128,
+                              c * 32, row_q0 + q0, h, bq);
+          bulk_commit();
+          bulk_wait_read<0>();
+        }
+        __syncwarp();
+        // The consumers wait for this buffer only if they will fill it again.
+        if (it + K::kDqBufs < w.iters) named_arrive(K::kDqFree0 + qb, K::kDqBarThreads);
+      }
+      if (lane == 0) bulk_wait<0>();
+      return;
+    }
+    if (warp != 0 || w.iters == 0) return;
     const int row_k = (varlen ? static_cast<int>(seq.row_k) : 0) + w.k0;
     if (lane == 0) {
       tma_prefetch_map(&tma_q);
@@ -265,9 +309,6 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     };
 
     const float scale_log2 = ws.scale_log2;
-    const bool softcap = p.softcap > 0.0f;
-    const float softcap_in = ws.inv_softcap;  // scale / softcap
-    const float cap_log2 = p.softcap * kLog2e;
     // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
     const int key_r = cw * 64 + warp * 16 + lane / 4;
 
@@ -333,80 +374,71 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         wgmma_commit();
       };
 
-      if (!softcap) {
-        // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
-        // dS^T is computed.
+      // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
+      // dS^T is computed.
+      if constexpr (K::Tune::kOverlapP) {
         wgmma_wait<1>();
-        fence_operands(st);
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_operands(st);
 #pragma unroll
-        for (int i = 0; i < kBlockM / 8; ++i) {
-          const float2 lse2 = lse_of(i);
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float2 lse2 = lse_of(i);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float pr = bwd_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
-            if (!full_tile && masked(i, e)) pr = 0.0f;
-            st[4 * i + e] = pr;
-          }
+        for (int e = 0; e < 4; ++e) {
+          float pr = bwd_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+          if (!full_tile && masked(i, e)) pr = 0.0f;
+          st[4 * i + e] = pr;
         }
-        if constexpr (K::Tune::kEarlyDv) {
-          to_frags(st, pa);
-          issue_dv();
-          wgmma_wait<1>();  // dP^T done (dV may still run)
-        } else {
-          wgmma_wait<0>();
-        }
-        fence_operands(dpt);
+      }
+      if constexpr (K::Tune::kEarlyDv) {
+        to_frags(st, pa);
+        issue_dv();
+        wgmma_wait<1>();  // dP^T done (dV may still run)
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_operands(dpt);
 #pragma unroll
-        for (int i = 0; i < kBlockM / 8; ++i) {
-          const float2 dd = d_of(i);
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float2 dd = d_of(i);
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
-        }
-        if constexpr (!K::Tune::kEarlyDv) {
-          to_frags(st, pa);
-          issue_dv();
-        }
+        for (int e = 0; e < 4; ++e)
+          dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
+      }
+      if constexpr (K::Tune::kEarlyDv) {
         to_frags(dpt, da);
         issue_dk();
       } else {
-        // Softcap: S' = cap * tanh(S * scale / cap); dS also needs
-        // dS'/dS = 1 - tanh^2, so P and dS are computed together.
-        wgmma_wait<0>();
-        fence_operands(st);
-        fence_operands(dpt);
-#pragma unroll
-        for (int i = 0; i < kBlockM / 8; ++i) {
-          const float2 lse2 = lse_of(i), dd = d_of(i);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float th = tanhf(st[4 * i + e] * softcap_in);
-            float pr = bwd_exp2(fmaf(th, cap_log2, -((e & 1) ? lse2.y : lse2.x)));
-            if (!full_tile && masked(i, e)) pr = 0.0f;
-            st[4 * i + e] = pr;
-            dpt[4 * i + e] = pr * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x)) * (1.0f - th * th);
-          }
-        }
+        // One group for both (two groups made ptxas serialize the wgmmas at d 64).
         to_frags(st, pa);
         to_frags(dpt, da);
-        issue_dv();
-        issue_dk();
+        fence_operands(dv);
+        fence_operands(dk);
+        fence_operands(pa);
+        fence_operands(da);
+        wgmma_fence();
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        wgmma_commit();
       }
 
       // dS^T -> shared memory [key][query], 128B-swizzled (chunk ^= row % 8):
       // fragment da[kt][j] is accumulator tile i = 2kt + (j >> 1), key row
       // key_r + 8 * (j & 1), queries 8i + 2*quad, +1.
       {
-        const uint32_t dsb = ds_base + buf * K::kDsBytes;
+        const uint32_t rowb = ds_base + buf * K::kDsBytes + key_r * 128 + quad * 4;
+        const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
 #pragma unroll
         for (int kt = 0; kt < kBlockM / 16; ++kt) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int i = 2 * kt + (j >> 1);
-            const int row = key_r + 8 * (j & 1);
-            const uint32_t addr = dsb + (i / 8) * (kBlockN * 128) + row * 128 +
-                                  (((i % 8) ^ (row % 8)) * 16) + quad * 4;
-            st_shared_b32(addr, da[kt][j]);
+            st_shared_b32(rowb + (i / 8) * (kBlockN * 128) + (j & 1) * 1024 + ((i % 8) ^ swz) * 16,
+                          da[kt][j]);
           }
         }
       }
@@ -431,14 +463,40 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
 
       const int dq_row0 = (K::kDqSplitM ? cw * 64 : 0) + warp * 16 + lane / 4;
       const int dq_col0 = (K::kDqSplitM ? 0 : cw * 64) + 2 * quad;
-      float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
+      if constexpr (K::kDqTma) {
+        // Into dQ buffer qb (box c/32: rows x 128 bytes, 16-byte chunk index
+        // ^= row % 8: the 8 rows of a store land in distinct banks), then the
+        // reducer warp adds it into the accumulator.
+        const int qb = it % K::kDqBufs;
+        if (it >= K::kDqBufs) named_sync(K::kDqFree0 + qb, K::kDqBarThreads);
+        // Column col = col_base + 8i + 2*quad (col_base = 0 or 64): box
+        // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
+        // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
+        const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
+                              ((K::kDqSplitM ? 0 : cw * 2) * kBlockM + dq_row0) * 128 + (quad % 2) * 8;
+        const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = dq_row0 + 8 * r;
-        if (q0 + row >= seq.seqlen_q) continue;
+        for (int r = 0; r < 2; ++r) {
 #pragma unroll
-        for (int i = 0; i < K::kDqN / 8; ++i)
-          red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+          for (int i = 0; i < K::kDqN / 8; ++i) {
+            const uint32_t box = i / 4;
+            const uint32_t chunk = (2 * (i % 4) + quad / 2) ^ swz;
+            st_shared_v2(rowb + box * (kBlockM * 128) + r * 1024 + chunk * 16, dq[4 * i + 2 * r],
+                         dq[4 * i + 2 * r + 1]);
+          }
+        }
+        fence_proxy_async_smem();
+        named_arrive(K::kDqFull0 + qb, K::kDqBarThreads);
+      } else {
+        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = dq_row0 + 8 * r;
+          if (q0 + row >= seq.seqlen_q) continue;
+#pragma unroll
+          for (int i = 0; i < K::kDqN / 8; ++i)
+            red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+        }
       }
     }
 
@@ -485,11 +543,26 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     const uint32_t box[4] = {64, box_rows, 1, 1};
     return make_tma_map_4d(map, base, p.dtype, dims, strides, box);
   };
-  CUtensorMap mq, mdo, mk, mv;
+  CUtensorMap mq, mdq, mdo, mk, mv;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
   const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
   FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
                               p.q_batch_stride, K::kBlockM));
+  if constexpr (K::kDqTma) {
+    // The f32 dQ accumulator [heads_q][total_q][D] as (D, rows, heads, batch).
+    if (ws.accum_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width");
+    const int64_t row = D * 4;
+    const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(rows_q),
+                              static_cast<uint64_t>(p.heads_q),
+                              static_cast<uint64_t>(varlen ? 1 : p.batch)};
+    const uint64_t strides[3] = {static_cast<uint64_t>(row),
+                                 static_cast<uint64_t>(p.heads_q == 1 ? row : p.total_q * row),
+                                 static_cast<uint64_t>((varlen || p.batch == 1) ? row : p.seqlen_q * row)};
+    const uint32_t box[4] = {32, static_cast<uint32_t>(K::kBlockM), 1, 1};
+    FA_RETURN_IF_ERROR(make_tma_map_4d(&mdq, ws.dq_accum, FA_F32, dims, strides, box));
+  } else {
+    mdq = CUtensorMap{};
+  }
   FA_RETURN_IF_ERROR(make_map(&mdo, p.dout, rows_q, p.heads_q, p.do_row_stride, p.do_head_stride,
                               p.do_batch_stride, K::kBlockM));
   FA_RETURN_IF_ERROR(make_map(&mk, p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride,
@@ -502,7 +575,7 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   auto kernel = backward_kernel<D, T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
-  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mdo, mk, mv, p, ws);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mdq, mdo, mk, mv, p, ws);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward launch: ") + cudaGetErrorString(err));
   return FA_OK;

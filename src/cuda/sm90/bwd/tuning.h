@@ -12,24 +12,43 @@
 //             16-bit A fragments (kBlockM / 2 regs) with the dQ tile (32 regs).
 //   kStages   Q/dO ring depth: smem = 2 * kBlockN*d*2 (K, V) + kStages * 2 *
 //             kBlockM*d*2 (Q, dO) + 2 * kBlockN*kBlockM*2 (dS^T, double-buffered).
+//   kOverlapP compute P^T while dP^T's wgmmas still run (S^T and dP^T are
+//             separate commit groups) instead of waiting for both.
 //   kEarlyDv  issue dV += P^T dO as soon as P is ready, so it runs on the tensor
 //             cores while dS is computed; P's fragments (kBlockM / 4 regs) are
 //             then live next to S^T, dP^T, dK and dV.
 //   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
+// ptxas must neither spill nor serialize the wgmmas ("C7512: wgmma.mma_async
+// instructions are serialized due to insufficient register resources", which
+// it reports with -Xptxas -v only): check both after every change here.
 // dQ = dS K (M = queries, N = d, K = keys) is split between the two consumer
 // warpgroups along the queries when kBlockM = 128, along d when kBlockM = 64:
 // either way each warpgroup runs m64n64 wgmmas over all 128 keys.
 //
 // What runs here and what falls back to the sm80 kernel (api.cu decides):
 //   here:     f16/bf16, head_dim 64 and 128 exactly, causal / sliding window
-//             (bottom-right), softcap, GQA/MQA (the CTA loops over the query
+//             (bottom-right), GQA/MQA (the CTA loops over the query
 //             heads of its group, as sm80 does), varlen (zero-length sequences
 //             included), fully masked rows (zero gradients).
 //   fallback: deterministic = true (ordered dQ adds not implemented here yet),
+//             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
+//             in the kernel made ptxas serialize the wgmmas of every case,
+//             warning C7512),
 //             other head dims (d 256: dK + dV of a 64-key warpgroup tile are
 //             256 regs: needs a different split), non-9.0 devices,
 //             FLASHATTN_DISABLE_SM90=1.
+//   kDqTma    dQ partial tiles go to shared memory and one warp of the producer
+//             warpgroup adds them into the f32 accumulator with TMA reduce-adds
+//             (FA3's way), instead of each consumer thread issuing
+//             red.global.add.v2.f32 for its fragment (kDqN / 4 per tile).
+//   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
+// The FLASHATTN_SM90_BWD_* macros exist only so the benchmark can build the
+// variants that docs/perf-notes.md compares; the defaults are the shipped ones.
 #pragma once
+
+#ifndef FLASHATTN_SM90_BWD_DQ_TMA
+#define FLASHATTN_SM90_BWD_DQ_TMA 1
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -44,6 +63,10 @@ struct BackwardTuning<64> {
   static constexpr int kBlockM = 128, kStages = 2;
   // 64 (dK, dV) + 64 (S^T) + 64 (dP^T) + 32 (P) regs: spilled (48 bytes).
   static constexpr bool kEarlyDv = false;
+  static constexpr bool kOverlapP = true;
+  // 160 + 32 KB; a second buffer would be 40 bytes over the 227 KB.
+  static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
+  static constexpr int kDqBufs = 1;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
@@ -53,6 +76,9 @@ template <>
 struct BackwardTuning<128> {
   static constexpr int kBlockM = 64, kStages = 2;
   static constexpr bool kEarlyDv = true;
+  static constexpr bool kOverlapP = true;
+  static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
+  static constexpr int kDqBufs = 2;  // 160 + 64 KB
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
