@@ -15,6 +15,7 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "core/validate.h"
+#include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
 #include "cuda/sm90/bwd/api.h"
 #include "device.h"
@@ -61,14 +62,25 @@ enum class Path { kSm90Direct, kPublicApi };
   if (path == Path::kSm90Direct) {
     if (!cuda::sm90::supports_backward(params))
       return ::testing::AssertionFailure() << "sm90::supports_backward said no";
-    // The sm80 workspace (api.cu's plan, atomic mode): D rows, then the dQ accumulator.
+    // The sm80 workspace (api.cu's plan): D rows, the dQ accumulator, and in
+    // deterministic mode one zeroed counter per (sequence, query head, query tile).
     const size_t rows = static_cast<size_t>(params.heads_q) * params.total_q;
     const size_t d_bytes = (rows * sizeof(float) + 255) / 256 * 256;
-    ws_mem = device_alloc(d_bytes + rows * params.head_dim * sizeof(float) + 256);
-    cudaMemset(ws_mem.get(), 0xff, d_bytes + rows * params.head_dim * sizeof(float));
+    const size_t acc_bytes = (rows * params.head_dim * sizeof(float) + 255) / 256 * 256;
+    const int block_m = params.head_dim == 64 ? cuda::bwd::Config<64>::kBlockM : cuda::bwd::Config<128>::kBlockM;
+    const int q_tiles = (params.seqlen_q + block_m - 1) / block_m;
+    const size_t sem_bytes = deterministic ? static_cast<size_t>(params.batch) * params.heads_q * q_tiles * sizeof(int) : 0;
+    ws_mem = device_alloc(d_bytes + acc_bytes + sem_bytes + 256);
+    cudaMemset(ws_mem.get(), 0xff, d_bytes + acc_bytes);
+    unsigned char* base = static_cast<unsigned char*>(ws_mem.get());
     cuda::bwd::Workspace ws;
-    ws.row_d = static_cast<float*>(ws_mem.get());
-    ws.dq_accum = reinterpret_cast<float*>(static_cast<unsigned char*>(ws_mem.get()) + d_bytes);
+    ws.row_d = reinterpret_cast<float*>(base);
+    ws.dq_accum = reinterpret_cast<float*>(base + d_bytes);
+    if (deterministic) {
+      ws.dq_sem = reinterpret_cast<int*>(base + d_bytes + acc_bytes);
+      ws.q_tiles = q_tiles;
+      cudaMemset(ws.dq_sem, 0, sem_bytes);
+    }
     ws.accum_dim = params.head_dim;
     ws.scale_log2 = params.scale * 1.4426950408889634f;
     ws.inv_softcap = params.softcap > 0.0f ? params.scale / params.softcap : 0.0f;
@@ -135,9 +147,9 @@ std::vector<Case> sm90_suite() {
     return cases;
   }
   for (const Case& c : attention_suite({FA_F16, FA_BF16}, {64, 128}, true))
-    if (c.head_dim == 64 || c.head_dim == 128) cases.push_back(c);
+    if ((c.head_dim == 64 || c.head_dim == 128) && c.softcap == 0.0f) cases.push_back(c);
   // Several key and query tiles (partial last ones), seqlen_q != seqlen_k both
-  // ways, windows narrower than a tile, softcap with causal, GQA + varlen.
+  // ways, windows narrower than a tile, a custom scale, GQA + varlen.
   for (fa_dtype dt : {FA_BF16, FA_F16}) {
     for (int d : {64, 128}) {
       Case c = make_case(dt, 300, 517, d, seed++);
@@ -150,7 +162,7 @@ std::vector<Case> sm90_suite() {
       cases.push_back(c);
       c.window_left = -1;
       c.window_right = -1;
-      c.softcap = 3.0f;
+      c.scale = 0.3f;
       c.causal = true;
       std::swap(c.seqlen_q, c.seqlen_k);
       cases.push_back(c);
@@ -191,9 +203,46 @@ TEST(Sm90BackwardStability, DkDvBitwiseAcrossRuns) {
   }
 }
 
-// fa_backward takes this kernel for f16/bf16 at head dim 64/128 (unless
-// FLASHATTN_DISABLE_SM90 is set) and the result is right; deterministic mode
-// and other head dims are not this kernel's (sm80 fallback).
+// Deterministic mode (fixed-length batches): the same bits over repeated runs,
+// dq included, and right.
+TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
+  FA_REQUIRE_SM90();
+  uint64_t seed = 7800;
+  std::vector<Case> cases;
+  Case c = make_case(FA_BF16, 777, 1029, 64, seed++);
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = true;
+  cases.push_back(c);
+  c = make_case(FA_F16, 1029, 777, 128, seed++);
+  c.batch = 2;
+  cases.push_back(c);
+  c = make_case(FA_BF16, 600, 300, 128, seed++);
+  c.heads_q = 3;
+  c.heads_kv = 1;
+  c.window_left = 100;
+  c.window_right = 20;
+  cases.push_back(c);
+  for (const Case& cs : cases) {
+    const Problem p = make_problem(cs);
+    Grads first;
+    ASSERT_TRUE(run_backward(p, Path::kSm90Direct, true, &first));
+    SCOPED_TRACE(cs.name());
+    expect_matches_reference(p, first);
+    for (int run = 1; run < 5; ++run) {
+      Grads g;
+      ASSERT_TRUE(run_backward(p, Path::kSm90Direct, true, &g));
+      EXPECT_EQ(g.dq.bytes, first.dq.bytes) << "run " << run;
+      EXPECT_EQ(g.dk.bytes, first.dk.bytes) << "run " << run;
+      EXPECT_EQ(g.dv.bytes, first.dv.bytes) << "run " << run;
+    }
+  }
+}
+
+// fa_backward takes this kernel for f16/bf16 at head dim 64/128, deterministic
+// or not (unless FLASHATTN_DISABLE_SM90 is set) and the result is right;
+// softcap, deterministic varlen and other head dims are not this kernel's
+// (sm80 fallback).
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -203,14 +252,30 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
       c.heads_q = 4;
       c.heads_kv = 1;
       c.causal = d != 96;
-      const Problem p = make_problem(c);
-      Grads g;
-      bool supported = false;
-      ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
-      EXPECT_EQ(supported, !det && (d == 64 || d == 128)) << c.name() << (det ? " deterministic" : "");
-      SCOPED_TRACE(c.name() + (det ? " deterministic" : ""));
-      expect_matches_reference(p, g);
+      for (bool cap : {false, true}) {  // softcap: once, at d 64
+        c.softcap = cap ? 4.0f : 0.0f;
+        if (cap && d != 64) continue;
+        const Problem p = make_problem(c);
+        Grads g;
+        bool supported = false;
+        ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
+        EXPECT_EQ(supported, !cap && (d == 64 || d == 128)) << c.name() << (det ? " deterministic" : "");
+        SCOPED_TRACE(c.name() + (det ? " deterministic" : ""));
+        expect_matches_reference(p, g);
+      }
     }
+  }
+  Case v = make_case(FA_F16, 0, 0, 64, seed++);
+  v.varlen_q = {100, 0, 37};
+  v.varlen_k = {80, 5, 200};
+  for (bool det : {false, true}) {
+    const Problem p = make_problem(v);
+    Grads g;
+    bool supported = false;
+    ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
+    EXPECT_EQ(supported, !det) << v.name() << (det ? " deterministic" : "");
+    SCOPED_TRACE(v.name() + (det ? " deterministic" : ""));
+    expect_matches_reference(p, g);
   }
 }
 

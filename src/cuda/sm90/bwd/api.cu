@@ -5,13 +5,15 @@
 #include "core/error.h"
 #include "cuda/sm90/bwd/api.h"
 #include "cuda/sm90/bwd/launch.h"
+#include "cuda/sm90/bwd/tuning.h"
 #include "cuda/sm90/fwd/api.h"
 
 namespace flashattn::cuda::sm90 {
 
 bool supports_backward(const AttentionParams& p) {
-  // Deterministic mode: the sm80 kernel's ordered dQ adds (not implemented here).
-  if (p.deterministic) return false;
+  // Deterministic mode: ordered TMA reduce-adds, fixed-length batches only
+  // (kernel.cuh NOTES).
+  if (p.deterministic && (p.is_varlen() || !FLASHATTN_SM90_BWD_DQ_TMA)) return false;
   // Softcap: dS needs 1 - tanh^2 next to P; a second path in the kernel for it
   // made ptxas serialize the wgmmas (C7512) of every case: sm80 runs it.
   if (p.softcap > 0.0f) return false;

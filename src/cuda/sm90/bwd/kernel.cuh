@@ -29,6 +29,14 @@
 //   them with the next sequence's rows in varlen batches) and keys past it.
 // - Rows whose lse is -inf see no key: the producer stores +inf as their
 //   log2-domain lse, so P = exp2(x - inf) = 0 and no NaN appears.
+// - Deterministic mode (dQ tiles through TMA only): the reducer warp adds key
+//   tile n's dQ share of query tile m only after key tile n+1 (if it sees m)
+//   has published its own (a counter per (sequence, query head, query tile),
+//   release/acquire, as the sm80 kernel orders its atomics); the highest key
+//   tile is dispatched first so that the chain cannot deadlock. Varlen batches
+//   fall back to sm80 there: a tile's zero rows past its sequence are added
+//   into the next sequence's rows in no fixed order (the sign of a zero could
+//   change between runs).
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
@@ -130,6 +138,26 @@ __device__ __forceinline__ float bwd_exp2(float x) {
   return y;
 }
 
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// Orders this thread's generic-proxy global accesses with its async-proxy
+// (TMA) ones.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// Deterministic mode: one counter per (sequence, query head, query tile), the
+// sm80 kernel's layout (its query tiles are this kernel's: kBlockM 128 / 64).
+__device__ __forceinline__ int* dq_semaphore(const AttentionParams& p, const bwd::Workspace& ws,
+                                             int b, int h, int m) {
+  return ws.dq_sem + (static_cast<int64_t>(b) * p.heads_q + h) * ws.q_tiles + m;
+}
+
 // dst[0..1] += (a, b), fire-and-forget (no returned value to wait for).
 __device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
@@ -165,7 +193,9 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
   using K = BwdTraits<D, T>;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr float kLog2e = 1.4426950408889634f;
-  const int n_tile = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // Deterministic mode dispatches the highest key tile first (see NOTES).
+  const int n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
   const SequenceInfo seq = sequence_info(p, b);
   if (n_tile * kBlockN >= seq.seqlen_k) return;  // whole CTA: before any barrier
   const MaskPolicy mask = mask_for(p, seq);
@@ -207,7 +237,17 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       for (int it = 0; it < w.iters; ++it) {
         const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
         const int h = hk * group + it / w.n_m;
-        const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
+        const int m = w.m_begin + it % w.n_m, q0 = m * kBlockM;
+        int* sem = p.deterministic ? dq_semaphore(p, ws, b, h, m) : nullptr;
+        if (sem != nullptr && lane == 0) {
+          // Key tile n+1, if it sees query tile m, adds its share first.
+          const int n_next = n_tile + 1;
+          if (n_next * kBlockN < seq.seqlen_k && mask.query_begin(n_next * kBlockN) / kBlockM <= m) {
+            while (ld_acquire_gpu(sem) != n_next + 1) {
+            }
+          }
+          fence_proxy_async_global();  // its adds (seen by the acquire) before ours
+        }
         named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
         if (lane == 0) {
 #pragma unroll
@@ -215,7 +255,13 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
             tma_reduce_add_4d(&tma_dq, smem + K::kDqOff + qb * K::kDqBytes + c * kBlockM * 128,
                               c * 32, row_q0 + q0, h, bq);
           bulk_commit();
-          bulk_wait_read<0>();
+          if (sem != nullptr) {
+            bulk_wait<0>();  // the adds are performed, then published
+            fence_proxy_async_global();
+            st_release_gpu(sem, n_tile + 1);
+          } else {
+            bulk_wait_read<0>();
+          }
         }
         __syncwarp();
         // The consumers wait for this buffer only if they will fill it again.
@@ -526,6 +572,11 @@ template <int D, typename T>
 fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   using K = BwdTraits<D, T>;
   if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: head_dim mismatch");
+  // Deterministic mode orders the TMA reduce-adds on the sm80 semaphores, whose
+  // query tiles must be this kernel's.
+  if (p.deterministic &&
+      (!K::kDqTma || ws.dq_sem == nullptr || ws.q_tiles != (p.seqlen_q + K::kBlockM - 1) / K::kBlockM))
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: deterministic mode needs matching dQ semaphores");
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
   // A size-1 dimension's stride is irrelevant but must be a valid (16-byte

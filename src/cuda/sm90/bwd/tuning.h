@@ -29,8 +29,9 @@
 //   here:     f16/bf16, head_dim 64 and 128 exactly, causal / sliding window
 //             (bottom-right), GQA/MQA (the CTA loops over the query
 //             heads of its group, as sm80 does), varlen (zero-length sequences
-//             included), fully masked rows (zero gradients).
-//   fallback: deterministic = true (ordered dQ adds not implemented here yet),
+//             included), fully masked rows (zero gradients),
+//             deterministic mode for fixed-length batches (ordered TMA dQ adds).
+//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES),
 //             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
 //             in the kernel made ptxas serialize the wgmmas of every case,
 //             warning C7512),
