@@ -24,9 +24,11 @@
 // - The scale is applied to dK (epilogue) and dQ (post-pass), not folded into
 //   dS (fp16 subnormals: see the sm80 kernel's NOTES).
 // - Masking: a (query tile, key tile) pair that MaskPolicy::tile_fully_visible
-//   clears tests nothing; others test each element (visible(i, j) and i <
-//   seqlen_q), which also zeroes P for query rows past the sequence (TMA fills
-//   them with the next sequence's rows in varlen batches) and keys past it.
+//   clears tests nothing; others zero P outside each key's visible query range
+//   [query_begin(j), query_end(j + 1)) (the MaskPolicy's, so the same pairs as
+//   visible(i, j)) clipped to the sequence, which also zeroes P for query rows
+//   past the sequence (TMA fills them with the next sequence's rows in varlen
+//   batches) and for keys past it.
 // - Rows whose lse is -inf see no key: the producer stores +inf as their
 //   log2-domain lse, so P = exp2(x - inf) = 0 and no NaN appears.
 // - Deterministic mode (dQ tiles through TMA only): the reducer warp adds key
@@ -387,11 +389,6 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       // Element e of accumulator tile i: key key_r + 8*(e>>1), query
       // q0 + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
       const bool full_tile = mask.tile_fully_visible(q0, q0 + kBlockM, w.k0, w.k0 + kBlockN);
-      auto masked = [&](int i, int e) {
-        const int qi = q0 + 8 * i + 2 * quad + (e & 1);
-        const int kj = w.k0 + key_r + 8 * (e >> 1);
-        return qi >= seq.seqlen_q || !mask.visible(qi, kj);
-      };
       auto lse_of = [&](int i) { return ld_shared_v2(lse_base + 4u * (s * kBlockM + 8 * i + 2 * quad)); };
       auto d_of = [&](int i) { return ld_shared_v2(d_base + 4u * (s * kBlockM + 8 * i + 2 * quad)); };
       // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
@@ -433,10 +430,34 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         const float2 lse2 = lse_of(i);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float pr = bwd_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
-          if (!full_tile && masked(i, e)) pr = 0.0f;
-          st[4 * i + e] = pr;
+          st[4 * i + e] = bwd_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
         }
+      }
+      if (!full_tile) {
+        // Boundary tile: key j sees queries [query_begin(j), query_end(j + 1))
+        // of the sequence (none if j is past it). Per key row r of this thread,
+        // query column c of the tile is visible iff c - lo_r (unsigned) < n_r.
+        // NOTES: a separate pass with two bounds per row, not visible() per
+        // element inside the exp loop: that made the d 64 kernel's loop body
+        // large enough to stall on instruction fetch (ncu: no_instruction was
+        // the top stall reason).
+        int rel_lo[2], count[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int kj = w.k0 + key_r + 8 * r;
+          const int lo = mask.query_begin(kj);
+          const int hi = kj < seq.seqlen_k ? min(mask.query_end(kj + 1), seq.seqlen_q) : lo;
+          rel_lo[r] = lo - q0 - 2 * quad;
+          count[r] = max(hi - lo, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < kBlockM / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            const bool vis = static_cast<unsigned>(8 * i + (e & 1) - rel_lo[r]) < static_cast<unsigned>(count[r]);
+            st[4 * i + e] = vis ? st[4 * i + e] : 0.0f;
+          }
       }
       if constexpr (K::Tune::kEarlyDv) {
         to_frags(st, pa);
