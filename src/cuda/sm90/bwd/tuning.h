@@ -10,13 +10,21 @@
 //             consumer thread holds dK + dV (2 * 64 * d / 128 = d regs), S^T and
 //             dP^T (2 * 64 * kBlockM / 128 = kBlockM regs) and then P^T, dS^T as
 //             16-bit A fragments (kBlockM / 2 regs) with the dQ tile (32 regs).
+//             The dS^T tile is also what one barrier per query tile exchanges.
 //   kStages   Q/dO ring depth: smem = 2 * kBlockN*d*2 (K, V) + kStages * 2 *
-//             kBlockM*d*2 (Q, dO) + 2 * kBlockN*kBlockM*2 (dS^T, double-buffered).
+//             kBlockM*d*2 (Q, dO) + 2 * kBlockN*kBlockM*2 (dS^T, double-buffered)
+//             + kDqBufs * kBlockM*d*4 (dQ tiles) <= 227 KB.
 //   kOverlapP compute P^T while dP^T's wgmmas still run (S^T and dP^T are
 //             separate commit groups) instead of waiting for both.
 //   kEarlyDv  issue dV += P^T dO as soon as P is ready, so it runs on the tensor
 //             cores while dS is computed; P's fragments (kBlockM / 4 regs) are
 //             then live next to S^T, dP^T, dK and dV.
+//   kDqTma    dQ partial tiles go to shared memory and one warp of the producer
+//             warpgroup adds them into the f32 accumulator with TMA reduce-adds
+//             (FA3's way), instead of each consumer thread issuing
+//             red.global.add.v2.f32 for its fragment (kDqN / 4 per tile). The
+//             deterministic mode needs the TMA path.
+//   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
 //   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
 // ptxas must neither spill nor serialize the wgmmas ("C7512: wgmma.mma_async
 // instructions are serialized due to insufficient register resources", which
@@ -27,8 +35,8 @@
 //
 // What runs here and what falls back to the sm80 kernel (api.cu decides):
 //   here:     f16/bf16, head_dim 64 and 128 exactly, causal / sliding window
-//             (bottom-right), GQA/MQA (the CTA loops over the query
-//             heads of its group, as sm80 does), varlen (zero-length sequences
+//             (bottom-right), GQA/MQA (the CTA loops over the query heads of
+//             its group, as sm80 does), varlen (zero-length sequences
 //             included), fully masked rows (zero gradients),
 //             deterministic mode for fixed-length batches (ordered TMA dQ adds).
 //   fallback: deterministic mode for varlen batches (kernel.cuh NOTES),
@@ -38,13 +46,8 @@
 //             other head dims (d 256: dK + dV of a 64-key warpgroup tile are
 //             256 regs: needs a different split), non-9.0 devices,
 //             FLASHATTN_DISABLE_SM90=1.
-//   kDqTma    dQ partial tiles go to shared memory and one warp of the producer
-//             warpgroup adds them into the f32 accumulator with TMA reduce-adds
-//             (FA3's way), instead of each consumer thread issuing
-//             red.global.add.v2.f32 for its fragment (kDqN / 4 per tile).
-//   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
-// The FLASHATTN_SM90_BWD_* macros exist only so the benchmark can build the
-// variants that docs/perf-notes.md compares; the defaults are the shipped ones.
+// The FLASHATTN_SM90_BWD_* macro exists only so the variant that
+// docs/perf-notes.md compares can be built; the default is the shipped one.
 #pragma once
 
 #ifndef FLASHATTN_SM90_BWD_DQ_TMA
@@ -58,7 +61,7 @@ struct BackwardTuning;
 
 // NOTES: d 64 (FA3's tile for d 64): 128 x 128. dK + dV 64 regs, S^T + dP^T
 // 128 regs: the largest tile the 240 registers allow. Smem: 2 * 16 (K, V) +
-// 2 * 2 * 16 (Q, dO) + 2 * 32 (dS^T) = 160 KB.
+// 2 * 2 * 16 (Q, dO) + 2 * 32 (dS^T) + 32 (dQ) = 192 KB.
 template <>
 struct BackwardTuning<64> {
   static constexpr int kBlockM = 128, kStages = 2;
@@ -72,7 +75,8 @@ struct BackwardTuning<64> {
 };
 
 // NOTES: d 128 (FA3's tile for d 128): 64 x 128. dK + dV 128 regs, S^T + dP^T
-// 64 regs. Smem: 2 * 32 (K, V) + 2 * 2 * 16 (Q, dO) + 2 * 16 (dS^T) = 160 KB.
+// 64 regs. Smem: 2 * 32 (K, V) + 2 * 2 * 16 (Q, dO) + 2 * 16 (dS^T) + 2 * 32
+// (dQ) = 224 KB.
 template <>
 struct BackwardTuning<128> {
   static constexpr int kBlockM = 64, kStages = 2;
