@@ -144,7 +144,7 @@ std::vector<Case> sm90_suite() {
   std::vector<Case> cases;
   uint64_t seed = 7000;
   if (small_only()) {
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       Case c = make_case(FA_BF16, 150, 200, d, seed++);
       c.causal = true;
       c.heads_q = 4;  // GQA: two query heads per kv head
@@ -156,12 +156,12 @@ std::vector<Case> sm90_suite() {
     cases.push_back(c);
     return cases;
   }
-  for (const Case& c : attention_suite({FA_F16, FA_BF16}, {64, 128}, true))
-    if ((c.head_dim == 64 || c.head_dim == 128) && c.softcap == 0.0f) cases.push_back(c);
+  for (const Case& c : attention_suite({FA_F16, FA_BF16}, {64, 128, 256}, true))
+    if (c.head_dim % 64 == 0 && c.softcap == 0.0f) cases.push_back(c);
   // Several key and query tiles (partial last ones), seqlen_q != seqlen_k both
   // ways, windows narrower than a tile, a custom scale, GQA + varlen.
   for (fa_dtype dt : {FA_BF16, FA_F16}) {
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       Case c = make_case(dt, 300, 517, d, seed++);
       cases.push_back(c);
       c.causal = true;
@@ -197,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(Suite, Sm90Backward, ::testing::ValuesIn(sm90_suite()),
 TEST(Sm90BackwardStability, DkDvBitwiseAcrossRuns) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7700;
-  for (int d : {64, 128}) {
+  for (int d : {64, 128, 256}) {
     Case c = make_case(FA_BF16, 700, 1100, d, seed++);
     c.heads_q = 6;
     c.heads_kv = 2;
@@ -250,9 +250,9 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
 }
 
 // fa_backward takes this kernel for f16/bf16 at head dim 64/128, deterministic
-// or not (unless FLASHATTN_DISABLE_SM90 is set) and the result is right;
-// softcap, deterministic varlen and other head dims are not this kernel's
-// (sm80 fallback).
+// or not, and 256 (not deterministic), unless FLASHATTN_DISABLE_SM90 is set,
+// and the result is right; softcap, deterministic varlen or d 256 and other
+// head dims are not this kernel's (sm80 fallback).
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -269,7 +269,8 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
         Grads g;
         bool supported = false;
         ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
-        EXPECT_EQ(supported, !cap && (d == 64 || d == 128)) << c.name() << (det ? " deterministic" : "");
+        EXPECT_EQ(supported, !cap && (d == 64 || d == 128 || (d == 256 && !det)))
+            << c.name() << (det ? " deterministic" : "");
         SCOPED_TRACE(c.name() + (det ? " deterministic" : ""));
         expect_matches_reference(p, g);
       }

@@ -13,7 +13,7 @@ Only the forms the kernels use are emitted:
 """
 
 NS = [64, 80, 96, 112, 128, 144, 160, 176, 192, 256]
-NS_SSTT = [64]
+NS_SSTT = [64, 128]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 

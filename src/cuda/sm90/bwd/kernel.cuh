@@ -69,16 +69,24 @@ template <int D, typename T>
 struct BwdTraits {
   using Tune = BackwardTuning<D>;
   static constexpr int kConsumers = 2;
-  static constexpr int kBlockN = 64 * kConsumers;  // keys per CTA
+  // Split-d mode (d 256): both consumers take the same 64 keys and each owns
+  // half of d for dK, dV and dQ (d/2 * 2 regs of dK + dV); S^T and dP^T are
+  // computed by both (7 GEMM units per tile instead of 5), and each keeps its
+  // own dS^T copy, so no barrier ties the two warpgroups together.
+  static constexpr bool kSplitD = Tune::kSplitD;
+  static constexpr int kBlockN = kSplitD ? 64 : 64 * kConsumers;  // keys per CTA
+  static constexpr int kDvN = kSplitD ? D / 2 : D;  // dK/dV columns per consumer
   static constexpr int kBlockM = Tune::kBlockM;    // queries per tile
   static constexpr int kStages = Tune::kStages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kColBlocks = D / 64;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kQBytes = kBlockM * D * 2;
+  // Two dS^T buffers: double-buffered (shared by both consumers), or in split-d
+  // mode one per consumer.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   // dQ = dS K split between the two consumers along queries (kBlockM 128) or
-  // along d (kBlockM 64); each runs m64 x n kDqN wgmmas.
+  // along d (kBlockM 64, split-d); each runs m64 x n kDqN wgmmas.
   static constexpr bool kDqSplitM = kBlockM == 128;
   static constexpr int kDqN = kDqSplitM ? D : D / 2;
   static constexpr int kKOff = 0;
@@ -107,7 +115,8 @@ struct BwdTraits {
   static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4, kDqBarThreads = 128 * kConsumers + 32;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
-  static_assert(kDqN == 64, "dQ wgmmas are m64n64 (WgmmaSSTT<64>)");
+  static_assert(kDqN == 64 || kDqN == 128, "dQ wgmmas are m64n64 or m64n128 (WgmmaSSTT)");
+  static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM), "split-d: 64 x 64 tiles, dQ split along d");
   static_assert(kDqBufs <= 2, "two dQ barrier pairs");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "tiles must stay 1024-byte aligned");
@@ -329,10 +338,11 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     const uint32_t q_base = smem_addr(smem + K::kQOff);
     const uint32_t do_base = smem_addr(smem + K::kDoOff);
     const uint32_t ds_base = smem_addr(smem + K::kDsOff);
+    const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
     const uint32_t lse_base = smem_addr(s_lse), d_base = smem_addr(s_d);
     // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
     auto desc_kv_rows = [&](uint32_t base, int kk) {
-      return make_smem_desc_sw128(base + (kk / 4) * kBlockN * 128 + cw * 64 * 128 + (kk % 4) * 32,
+      return make_smem_desc_sw128(base + (kk / 4) * kBlockN * 128 + key_off * 128 + (kk % 4) * 32,
                                   16, 1024);
     };
     // B = the Q / dO tile, queries as N (K-major over d).
@@ -340,14 +350,16 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       return make_smem_desc_sw128(base + s * K::kQBytes + (kk / 4) * kBlockM * 128 + (kk % 4) * 32,
                                   16, 1024);
     };
-    // dV / dK: B = dO / Q with queries as K, d as N (MN-major), k-step kt.
+    // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
+    // consumer's kDvN columns), k-step kt.
+    const uint32_t dv_col_off = K::kSplitD ? cw * (K::kDvN / 64) * kBlockM * 128 : 0;
     auto desc_qdo_mn = [&](uint32_t base, int s, int kt) {
-      return make_smem_desc_sw128(base + s * K::kQBytes + kt * 16 * 128, kBlockM * 128, 1024);
+      return make_smem_desc_sw128(base + s * K::kQBytes + dv_col_off + kt * 16 * 128, kBlockM * 128, 1024);
     };
     // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
     // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
     const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
-    const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * kBlockN * 128;
+    const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * (K::kDqN / 64) * kBlockN * 128;
     auto desc_ds = [&](int buf, int kt) {
       return make_smem_desc_sw128(ds_base + buf * K::kDsBytes + dq_a_off + kt * 16 * 128,
                                   kBlockN * 128, 1024);
@@ -358,17 +370,17 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
 
     const float scale_log2 = ws.scale_log2;
     // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
-    const int key_r = cw * 64 + warp * 16 + lane / 4;
+    const int key_r = key_off + warp * 16 + lane / 4;
 
-    float dk[D / 2], dv[D / 2];
+    float dk[K::kDvN / 2], dv[K::kDvN / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    for (int i = 0; i < K::kDvN / 2; ++i) dk[i] = dv[i] = 0.0f;
 
     if (w.iters > 0) mbar_wait(full_kv, 0);
     for (int it = 0; it < w.iters; ++it) {
       const int s = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
-      const int buf = it & 1;
+      const int buf = K::kSplitD ? cw : it & 1;
       const int h = hk * group + it / w.n_m;
       const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
       mbar_wait(&full[s], ph);
@@ -405,7 +417,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(pa);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
         wgmma_commit();
       };
       auto issue_dk = [&]() {
@@ -413,7 +425,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(da);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
         wgmma_commit();
       };
 
@@ -487,9 +499,9 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(da);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<D, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
         wgmma_commit();
       }
 
@@ -510,9 +522,18 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         }
       }
       fence_proxy_async_smem();
-      named_sync(K::kDsBarrier, 128 * K::kConsumers);
+      if constexpr (!K::kSplitD) named_sync(K::kDsBarrier, 128 * K::kConsumers);
 
       // dQ partial = dS K (this warpgroup's half), then into the accumulator.
+      if constexpr (K::kSplitD) {
+        // dQ's 64 accumulators (n128) do not fit beside dK, dV and the P/dS
+        // fragments still read by their wgmmas (ptxas C7512): finish those first.
+        wgmma_wait<0>();
+        fence_operands(dv);
+        fence_operands(dk);
+        fence_operands(pa);
+        fence_operands(da);
+      }
       float dq[K::kDqN / 2];
       wgmma_fence();
 #pragma unroll
@@ -529,18 +550,18 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       if (lane == 0) mbar_arrive(&empty[s]);
 
       const int dq_row0 = (K::kDqSplitM ? cw * 64 : 0) + warp * 16 + lane / 4;
-      const int dq_col0 = (K::kDqSplitM ? 0 : cw * 64) + 2 * quad;
+      const int dq_col0 = (K::kDqSplitM ? 0 : cw * K::kDqN) + 2 * quad;
       if constexpr (K::kDqTma) {
         // Into dQ buffer qb (box c/32: rows x 128 bytes, 16-byte chunk index
         // ^= row % 8: the 8 rows of a store land in distinct banks), then the
         // reducer warp adds it into the accumulator.
         const int qb = it % K::kDqBufs;
         if (it >= K::kDqBufs) named_sync(K::kDqFree0 + qb, K::kDqBarThreads);
-        // Column col = col_base + 8i + 2*quad (col_base = 0 or 64): box
+        // Column col = col_base + 8i + 2*quad (col_base = 0 or cw * kDqN): box
         // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
         // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
         const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
-                              ((K::kDqSplitM ? 0 : cw * 2) * kBlockM + dq_row0) * 128 + (quad % 2) * 8;
+                              ((K::kDqSplitM ? 0 : cw * (K::kDqN / 32)) * kBlockM + dq_row0) * 128 + (quad % 2) * 8;
         const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -578,8 +599,8 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       T* dvrow = static_cast<T*>(p.dv) + row_offset(b, seq.row_k, key, hk, p.dv_batch_stride,
                                                     p.dv_row_stride, p.dv_head_stride, varlen);
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        const int c = 8 * i + 2 * quad;
+      for (int i = 0; i < K::kDvN / 8; ++i) {
+        const int c = (K::kSplitD ? cw * K::kDvN : 0) + 8 * i + 2 * quad;
         *reinterpret_cast<uint32_t*>(dkrow + c) =
             pack2<T>(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
         *reinterpret_cast<uint32_t*>(dvrow + c) = pack2<T>(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);

@@ -20,6 +20,7 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws);
   extern template fa_status launch_backward<D, __nv_bfloat16>(const AttentionParams&, const bwd::Workspace&);
 FLASHATTN_SM90_BWD_EXTERN(64)
 FLASHATTN_SM90_BWD_EXTERN(128)
+FLASHATTN_SM90_BWD_EXTERN(256)
 #undef FLASHATTN_SM90_BWD_EXTERN
 
 }  // namespace flashattn::cuda::sm90

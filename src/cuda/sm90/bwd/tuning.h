@@ -34,17 +34,18 @@
 // either way each warpgroup runs m64n64 wgmmas over all 128 keys.
 //
 // What runs here and what falls back to the sm80 kernel (api.cu decides):
-//   here:     f16/bf16, head_dim 64 and 128 exactly, causal / sliding window
+//   here:     f16/bf16, head_dim 64, 128 and 256 exactly, causal / sliding window
 //             (bottom-right), GQA/MQA (the CTA loops over the query heads of
 //             its group, as sm80 does), varlen (zero-length sequences
 //             included), fully masked rows (zero gradients),
-//             deterministic mode for fixed-length batches (ordered TMA dQ adds).
-//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES),
+//             deterministic mode for fixed-length batches at d 64/128 (ordered
+//             TMA dQ adds).
+//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES) and at
+//             d 256 (no room for the dQ tile, see below),
 //             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
 //             in the kernel made ptxas serialize the wgmmas of every case,
 //             warning C7512),
-//             other head dims (d 256: dK + dV of a 64-key warpgroup tile are
-//             256 regs: needs a different split), non-9.0 devices,
+//             other head dims, non-9.0 devices,
 //             FLASHATTN_DISABLE_SM90=1.
 // The FLASHATTN_SM90_BWD_* macro exists only so the variant that
 // docs/perf-notes.md compares can be built; the default is the shipped one.
@@ -64,6 +65,7 @@ struct BackwardTuning;
 // 2 * 2 * 16 (Q, dO) + 2 * 32 (dS^T) + 32 (dQ) = 192 KB.
 template <>
 struct BackwardTuning<64> {
+  static constexpr bool kSplitD = false;
   static constexpr int kBlockM = 128, kStages = 2;
   // 64 (dK, dV) + 64 (S^T) + 64 (dP^T) + 32 (P) regs: spilled (48 bytes).
   static constexpr bool kEarlyDv = false;
@@ -79,11 +81,29 @@ struct BackwardTuning<64> {
 // (dQ) = 224 KB.
 template <>
 struct BackwardTuning<128> {
+  static constexpr bool kSplitD = false;
   static constexpr int kBlockM = 64, kStages = 2;
   static constexpr bool kEarlyDv = true;
   static constexpr bool kOverlapP = true;
   static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
   static constexpr int kDqBufs = 2;  // 160 + 64 KB
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+// NOTES: d 256: dK + dV of 64 keys x 256 are 256 regs per thread of one
+// warpgroup, so the split-d mode (kernel.cuh): 64 keys x 64 queries, each
+// consumer owns 128 columns of dK, dV (128 regs) and dQ; S^T + dP^T 64 regs
+// (computed by both). dQ by red.global: its f32 tile (64 KB) does not fit beside
+// K, V (64 KB), two Q/dO stages (128 KB) and dS^T (16 KB) = 208 KB, so no
+// deterministic mode here (sm80).
+template <>
+struct BackwardTuning<256> {
+  static constexpr bool kSplitD = true;
+  static constexpr int kBlockM = 64, kStages = 2;
+  static constexpr bool kEarlyDv = true;
+  static constexpr bool kOverlapP = true;
+  static constexpr bool kDqTma = false;
+  static constexpr int kDqBufs = 0;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
