@@ -1,6 +1,7 @@
 // The Hopper backward kernel (FlashAttention-3's structure, our implementation).
 //
-// One CTA per key tile: kBlockN = 128 keys of one kv head of one sequence. It
+// One CTA per key tile: kBlockN = 128 keys (64 in split-d mode, d 256: see
+// BwdTraits) of one kv head of one sequence. It
 // walks the query tiles that can see the tile (MaskPolicy::query_begin/_end),
 // for every query head of the kv head's group, and keeps dK and dV in registers
 // throughout. Warpgroup 0 is the producer: its first warp loads K and V once
@@ -16,7 +17,9 @@
 //   dK  += dS^T Q                 wgmma, A = dS^T (registers), B = Q (MN-major)
 //   dS^T -> shared memory ([key][query], 128B-swizzled), both warpgroups
 //   dQ_partial = dS K             wgmma, A = dS (smem, MN-major), B = K (MN-major)
-//   dQ_partial -> red.global.add into the f32 dQ accumulator.
+//   dQ_partial -> shared memory, added into the f32 dQ accumulator by TMA
+//                 reduce-adds issued by the producer warpgroup's second warp
+//                 (kDqTma; else red.global.add.v2.f32 by each consumer thread).
 // The sm80 pre-pass computed D = rowsum(dO * O) and zeroed the accumulator; its
 // post-pass scales it by the softmax scale into dq. dK is scaled here.
 //
@@ -39,6 +42,14 @@
 //   fall back to sm80 there: a tile's zero rows past its sequence are added
 //   into the next sequence's rows in no fixed order (the sign of a zero could
 //   change between runs).
+// - compute-sanitizer: memcheck is clean; racecheck reports the producer's
+//   lse/D stores of a stage against the consumers' loads of it (16 reports on
+//   FLASHATTN_SM90_TEST_SMALL=1 test_sm90_backward, all of them these two
+//   lines): the stores are released by the producer lanes' mbarrier arrivals
+//   on full[s] and acquired by the consumers' try_wait, and the consumers'
+//   loads are released by their arrivals on empty[s] before the producer
+//   rewrites the stage; racecheck does not model mbarrier ordering (as
+//   test_sm90_primitives notes for bulk copies).
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
