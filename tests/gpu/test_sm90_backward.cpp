@@ -116,18 +116,16 @@ void expect_matches_reference(const Problem& p, const Grads& g) {
 
 class Sm90Backward : public ::testing::TestWithParam<Case> {};
 
-// NOTES: one suite case is over the tolerance in dv by 2% (0.00763 vs 0.00748)
-// with any kernel that rounds P to the input dtype before dV += P^T dO, as
-// FlashAttention-2/3 and our sm80 kernel do (its suite does not draw this
-// seed): an fp64 emulation of exactly that (S and lse exact, P rounded to bf16,
-// the sum exact, one final rounding) gives the same 0.00762628 at the same
-// element, while the naive reference, which also rounds S, happens to land at
-// 0.0032 there. Skipped (visibly) rather than loosened for every case.
-bool p_rounding_limited(const Case& c) { return c.name() == "bf16_b1_sq113_sk203_h2x2_d64_s37"; }
-
+// NOTES: an earlier case list held bf16_b1_sq113_sk203_h2x2_d64_s37, over the
+// tolerance in dv by 2% (0.00763 vs 0.00748) with any kernel that rounds P to
+// the input dtype before dV += P^T dO, as FlashAttention-2/3 and our sm80 kernel
+// do: an fp64 emulation of exactly that (S and lse exact, P rounded to bf16, the
+// sum exact, one final rounding) gives the same 0.00762628 at the same element,
+// while the naive reference, which also rounds S, lands at 0.0032 there. The
+// current list does not draw that seed; a dv-only failure of this size on a
+// new case is worth checking against the same emulation before suspecting a race.
 TEST_P(Sm90Backward, MatchesFloat64Reference) {
   FA_REQUIRE_SM90();
-  if (p_rounding_limited(GetParam())) GTEST_SKIP() << "dv limited by P rounded to bf16 (see NOTES)";
   const Problem p = make_problem(GetParam());
   Grads g;
   ASSERT_TRUE(run_backward(p, Path::kSm90Direct, false, &g));
