@@ -16,6 +16,9 @@ double wgmma_ss_rel_error(bool bf16, std::string& error);
 // wgmma m64n128k16 x 2 (K = 32), A from registers, B MN-major (transposed):
 // max |C - C_ref| / max |C_ref|.
 double wgmma_rs_rel_error(bool bf16, std::string& error);
+// wgmma m64n64k16 x 2 (K = 32), A and B both MN-major in shared memory (the
+// backward's dQ = dS K): max |C - C_ref| / max |C_ref|.
+double wgmma_sstt_rel_error(bool bf16, std::string& error);
 // Producer/consumer mbarrier ring (2 stages, 40 rounds, stages filled by bulk
 // copies completing on the barrier) with named-barrier
 // turn taking between two consumer warpgroups: wrong sums + out-of-order turns.

@@ -42,6 +42,16 @@ TEST(Sm90Primitives, WgmmaRegisterAMnMajorB) {
   }
 }
 
+TEST(Sm90Primitives, WgmmaSharedSharedMnMajor) {
+  FA_REQUIRE_SM90();
+  for (bool bf16 : {true, false}) {
+    std::string error;
+    const double e = sm90prim::wgmma_sstt_rel_error(bf16, error);
+    ASSERT_GE(e, 0) << error;
+    EXPECT_LT(e, 1e-5) << (bf16 ? "bf16" : "fp16");
+  }
+}
+
 // NOTES: compute-sanitizer racecheck reports this kernel's ordinary loads of a
 // stage against the bulk copy (UBLKCP) that filled it: racecheck does not model
 // the mbarrier complete_tx -> try_wait ordering. The forward kernel reads its

@@ -133,6 +133,44 @@ __global__ void wgmma_rs_kernel(const T* a, const T* b, float* c) {
 #endif
 }
 
+// ------------------------------------------------------------------ wgmma SS, both MN-major
+// The backward's dQ = dS K: A (64 x K) stored [k][m] (M contiguous), B (K x N)
+// stored [k][n] (N contiguous), both 128B-swizzled; k-step kt starts 16 rows on.
+template <typename T>
+__global__ void wgmma_sstt_kernel(const T* a, const T* b, float* c) {
+#if FLASHATTN_SM90_DEVICE
+  constexpr int M = 64, N = 64, K = 32;
+  __shared__ alignas(1024) uint8_t sa[K * M * 2];
+  __shared__ alignas(1024) uint8_t sb[K * N * 2];
+  for (int i = threadIdx.x; i < M * K; i += blockDim.x) {
+    const int m = i / K, k = i % K;
+    *reinterpret_cast<T*>(sa + sw128_offset(k, m)) = a[i];
+  }
+  for (int i = threadIdx.x; i < K * N; i += blockDim.x) {
+    const int k = i / N, n = i % N;
+    *reinterpret_cast<T*>(sb + sw128_offset(k, n)) = b[i];
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
+  float d[N / 2];
+  wgmma_fence();
+  for (int kt = 0; kt < K / 16; ++kt) {
+    const uint64_t da = make_smem_desc_sw128(smem_addr(sa) + kt * 16 * 128, K * 128, 1024);
+    const uint64_t db = make_smem_desc_sw128(smem_addr(sb) + kt * 16 * 128, K * 128, 1024);
+    WgmmaSSTT<N, T>::run(d, da, db, kt > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(d);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = 0; i < N / 8; ++i)
+    for (int e = 0; e < 4; ++e) {
+      const int row = warp * 16 + lane / 4 + 8 * (e >> 1), col = 8 * i + 2 * (lane % 4) + (e & 1);
+      c[row * N + col] = d[4 * i + e];
+    }
+#endif
+}
+
 // ------------------------------------------------------------------ pipeline
 [[maybe_unused]] constexpr int kStages = 2;
 constexpr int kRounds = 40, kSlot = 256;
@@ -196,19 +234,24 @@ __nv_bfloat16 to_t(float v) { return __float2bfloat16(v); }
 template <>
 __half to_t(float v) { return __float2half(v); }
 
+enum class Form { kSS, kRS, kSSTT };
+
 template <typename T>
-double run_wgmma(bool rs, std::string& error) {
-  const int M = 64, N = 128, K = rs ? 32 : 128;
-  std::mt19937 rng(rs ? 7 : 3);
+double run_wgmma(Form form, std::string& error) {
+  const bool rs = form == Form::kRS;
+  // B stored [k][n] (MN-major) for rs and sstt, [n][k] for ss.
+  const bool b_kn = form != Form::kSS;
+  const int M = 64, N = form == Form::kSSTT ? 64 : 128, K = form == Form::kSS ? 128 : 32;
+  std::mt19937 rng(form == Form::kSSTT ? 11 : rs ? 7 : 3);
   std::normal_distribution<float> nd;
-  std::vector<T> a(M * K), b(rs ? K * N : N * K);
+  std::vector<T> a(M * K), b(b_kn ? K * N : N * K);
   for (auto& x : a) x = to_t<T>(nd(rng));
   for (auto& x : b) x = to_t<T>(nd(rng));
   std::vector<double> ref(M * N, rs ? 0.5 : 0.0);
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j)
       for (int k = 0; k < K; ++k) {
-        const double bv = rs ? static_cast<float>(b[k * N + j]) : static_cast<float>(b[j * K + k]);
+        const double bv = b_kn ? static_cast<float>(b[k * N + j]) : static_cast<float>(b[j * K + k]);
         ref[i * N + j] += static_cast<double>(static_cast<float>(a[i * K + k])) * bv;
       }
   T *da = nullptr, *db = nullptr;
@@ -221,7 +264,8 @@ double run_wgmma(bool rs, std::string& error) {
               ok(cudaMemset(dc, 0xff, M * N * sizeof(float)), error);
   std::vector<float> c(M * N);
   if (good) {
-    if (rs) wgmma_rs_kernel<T><<<1, 128>>>(da, db, dc);
+    if (form == Form::kRS) wgmma_rs_kernel<T><<<1, 128>>>(da, db, dc);
+    else if (form == Form::kSSTT) wgmma_sstt_kernel<T><<<1, 128>>>(da, db, dc);
     else wgmma_ss_kernel<T><<<1, 128>>>(da, db, dc);
     good = ok(cudaGetLastError(), error) && ok(cudaDeviceSynchronize(), error) &&
            ok(cudaMemcpy(c.data(), dc, M * N * sizeof(float), cudaMemcpyDeviceToHost), error);
@@ -279,10 +323,13 @@ long tma_load_mismatches(std::string& error) {
 }
 
 double wgmma_ss_rel_error(bool bf16, std::string& error) {
-  return bf16 ? run_wgmma<__nv_bfloat16>(false, error) : run_wgmma<__half>(false, error);
+  return bf16 ? run_wgmma<__nv_bfloat16>(Form::kSS, error) : run_wgmma<__half>(Form::kSS, error);
 }
 double wgmma_rs_rel_error(bool bf16, std::string& error) {
-  return bf16 ? run_wgmma<__nv_bfloat16>(true, error) : run_wgmma<__half>(true, error);
+  return bf16 ? run_wgmma<__nv_bfloat16>(Form::kRS, error) : run_wgmma<__half>(Form::kRS, error);
+}
+double wgmma_sstt_rel_error(bool bf16, std::string& error) {
+  return bf16 ? run_wgmma<__nv_bfloat16>(Form::kSSTT, error) : run_wgmma<__half>(Form::kSSTT, error);
 }
 
 long pipeline_errors(std::string& error) {

@@ -45,8 +45,9 @@ fa_status make_tma_map_4d(CUtensorMap* map, const void* base, fa_dtype dtype,
   const cuuint64_t s[3] = {strides_bytes[0], strides_bytes[1], strides_bytes[2]};
   const cuuint32_t b[4] = {box[0], box[1], box[2], box[3]};
   const cuuint32_t e[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType t =
-      dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType t = dtype == FA_BF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                : dtype == FA_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   // NOTES: L2 promotion 256B: K/V tiles are re-read by every query tile of a
   // head, so wider L2 fills pay off.
   CUresult r = fn(map, t, 4, const_cast<void*>(base), d, s, b, e, CU_TENSOR_MAP_INTERLEAVE_NONE,

@@ -8,7 +8,8 @@
 
 namespace flashattn::cuda::sm90 {
 
-// A rank-4 tiled map over a 16-bit tensor: dims innermost first, strides in
+// A rank-4 tiled map over a 16-bit (or, for the backward's f32 dQ accumulator,
+// FA_F32) tensor: dims innermost first, strides in
 // bytes for dims 1..3 (dim 0 is contiguous), box innermost first. Swizzle is
 // 128B (the box's inner extent must be 128 bytes): the layout wgmma's SW128
 // descriptors read. Elements outside the tensor are zero-filled. Fails with
@@ -35,6 +36,33 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
       "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(c0), "r"(c1), "r"(c2),
       "r"(c3)
       : "memory");
+}
+
+// Adds the box at `smem_src` into global memory at coordinates (c0..c3),
+// element-wise (f32 add, as one bulk operation; out-of-bounds elements are
+// skipped). Completes in the issuing thread's bulk group: bulk_commit(), then
+// bulk_wait_read<0>() before the shared memory is rewritten.
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const void* smem_src,
+                                                  int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem_src))), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending bulk groups of this thread still read shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until at most kPending bulk groups of this thread are incomplete (writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Non-tensor bulk copy of `bytes` (a multiple of 16, both addresses 16-byte

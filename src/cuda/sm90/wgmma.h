@@ -35,6 +35,8 @@ template <int N, typename T>
 struct WgmmaSS;  // D(64xN) (+)= A(64x16, smem, K-major) * B(16xN, smem, K-major)
 template <int N, typename T>
 struct WgmmaRS;  // D(64xN) (+)= A(64x16, registers) * B(16xN, smem, MN-major)
+template <int N, typename T>
+struct WgmmaSSTT;  // D(64xN) (+)= A(64x16, smem, MN-major) * B(16xN, smem, MN-major)
 
 #if defined(__CUDACC__)
 #include "cuda/sm90/wgmma_ops.inc"

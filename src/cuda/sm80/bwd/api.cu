@@ -11,6 +11,7 @@
 #include "cuda/common/device_guard.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
+#include "cuda/sm90/bwd/api.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -66,7 +67,13 @@ fa_status run_main_for(int kernel_dim, const AttentionParams& p, const bwd::Work
 template <typename T>
 fa_status run_all(const AttentionParams& p, const bwd::Workspace& ws) {
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
-  FA_RETURN_IF_ERROR(run_main_for<T>(ws.accum_dim, p, ws));
+  // Hopper main kernel where it applies (same workspace and passes; see
+  // src/cuda/sm90/bwd/tuning.h for what falls back); FLASHATTN_DISABLE_SM90=1
+  // forces this file's sm80 kernel.
+  fa_status s = FA_ERROR_UNSUPPORTED;
+  if (sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
+  if (s == FA_ERROR_UNSUPPORTED) s = run_main_for<T>(ws.accum_dim, p, ws);
+  FA_RETURN_IF_ERROR(s);
   return bwd::run_postpass<T>(p, ws);
 }
 

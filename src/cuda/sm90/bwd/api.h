@@ -1,0 +1,25 @@
+// The Hopper (sm_90a) backward main kernel: wgmma + TMA + warp specialization.
+// The sm80 backward (src/cuda/sm80/bwd/api.cu) runs its pre-pass, then calls
+// can_run_backward() and run_backward() instead of its own main kernel when they
+// apply, then its post-pass; FA_ERROR_UNSUPPORTED from run_backward means "use
+// the sm80 main kernel" (nothing was launched).
+#pragma once
+
+#include "core/params.h"
+#include "cuda/sm80/bwd/launch.h"
+
+namespace flashattn::cuda::sm90 {
+
+// True when the device of p is compute capability 9.0 and p is a case this
+// kernel handles (see tuning.h: f16/bf16, head_dim 64/128/256, no softcap, not
+// deterministic with varlen or at d 256).
+bool supports_backward(const AttentionParams& p);
+
+// supports_backward(p), unless FLASHATTN_DISABLE_SM90 is set to a non-zero value.
+bool can_run_backward(const AttentionParams& p);
+
+// Launches the main kernel on p.stream, reading ws.row_d and adding into
+// ws.dq_accum ([heads_q][total_q][ws.accum_dim], accum_dim == head_dim here).
+fa_status run_backward(const AttentionParams& p, const bwd::Workspace& ws);
+
+}  // namespace flashattn::cuda::sm90

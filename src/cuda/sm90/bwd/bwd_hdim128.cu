@@ -1,0 +1,7 @@
+// Hopper backward instantiations for head dim 128 (one file per head dim so they build in parallel).
+#include "cuda/sm90/bwd/kernel.cuh"
+
+namespace flashattn::cuda::sm90 {
+template fa_status launch_backward<128, __half>(const AttentionParams&, const bwd::Workspace&);
+template fa_status launch_backward<128, __nv_bfloat16>(const AttentionParams&, const bwd::Workspace&);
+}  // namespace flashattn::cuda::sm90

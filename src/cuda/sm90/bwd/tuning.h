@@ -1,0 +1,110 @@
+// Every tuning choice of the Hopper backward kernel, per head dim, in one place.
+//
+// Shape: one CTA per key tile of kBlockN = 128 keys (one kv head of one
+// sequence); two consumer warpgroups own 64 keys each (wgmma's M is 64 per
+// warpgroup, so dK and dV of a warpgroup's keys live in its registers for the
+// whole walk over query tiles), plus one producer warpgroup whose first warp
+// loads Q, dO (TMA) and the lse / D rows of each query tile into a kStages ring.
+//   kBlockM   query rows per tile: the N of S^T = K Q^T and dP^T = V dO^T, the
+//             K of dV += P^T dO and dK += dS^T Q. Bounded by registers: a
+//             consumer thread holds dK + dV (2 * 64 * d / 128 = d regs), S^T and
+//             dP^T (2 * 64 * kBlockM / 128 = kBlockM regs) and then P^T, dS^T as
+//             16-bit A fragments (kBlockM / 2 regs) with the dQ tile (32 regs).
+//             The dS^T tile is also what one barrier per query tile exchanges.
+//   kStages   Q/dO ring depth: smem = 2 * kBlockN*d*2 (K, V) + kStages * 2 *
+//             kBlockM*d*2 (Q, dO) + 2 * kBlockN*kBlockM*2 (dS^T, double-buffered)
+//             + kDqBufs * kBlockM*d*4 (dQ tiles) <= 227 KB.
+//   kOverlapP compute P^T while dP^T's wgmmas still run (S^T and dP^T are
+//             separate commit groups) instead of waiting for both.
+//   kEarlyDv  issue dV += P^T dO as soon as P is ready, so it runs on the tensor
+//             cores while dS is computed; P's fragments (kBlockM / 4 regs) are
+//             then live next to S^T, dP^T, dK and dV.
+//   kDqTma    dQ partial tiles go to shared memory and one warp of the producer
+//             warpgroup adds them into the f32 accumulator with TMA reduce-adds
+//             (FA3's way), instead of each consumer thread issuing
+//             red.global.add.v2.f32 for its fragment (kDqN / 4 per tile). The
+//             deterministic mode needs the TMA path.
+//   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
+//   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
+// ptxas must neither spill nor serialize the wgmmas ("C7512: wgmma.mma_async
+// instructions are serialized due to insufficient register resources", which
+// it reports with -Xptxas -v only): check both after every change here.
+// dQ = dS K (M = queries, N = d, K = keys) is split between the two consumer
+// warpgroups along the queries when kBlockM = 128, along d when kBlockM = 64:
+// either way each warpgroup runs m64n64 wgmmas over all 128 keys.
+//
+// What runs here and what falls back to the sm80 kernel (api.cu decides):
+//   here:     f16/bf16, head_dim 64, 128 and 256 exactly, causal / sliding window
+//             (bottom-right), GQA/MQA (the CTA loops over the query heads of
+//             its group, as sm80 does), varlen (zero-length sequences
+//             included), fully masked rows (zero gradients),
+//             deterministic mode for fixed-length batches at d 64/128 (ordered
+//             TMA dQ adds).
+//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES) and at
+//             d 256 (no room for the dQ tile, see below),
+//             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
+//             in the kernel made ptxas serialize the wgmmas of every case,
+//             warning C7512),
+//             other head dims, non-9.0 devices,
+//             FLASHATTN_DISABLE_SM90=1.
+// The FLASHATTN_SM90_BWD_* macro exists only so the variant that
+// docs/perf-notes.md compares can be built; the default is the shipped one.
+#pragma once
+
+#ifndef FLASHATTN_SM90_BWD_DQ_TMA
+#define FLASHATTN_SM90_BWD_DQ_TMA 1
+#endif
+
+namespace flashattn::cuda::sm90 {
+
+template <int HeadDim>
+struct BackwardTuning;
+
+// NOTES: d 64 (FA3's tile for d 64): 128 x 128. dK + dV 64 regs, S^T + dP^T
+// 128 regs: the largest tile the 240 registers allow. Smem: 2 * 16 (K, V) +
+// 2 * 2 * 16 (Q, dO) + 2 * 32 (dS^T) + 32 (dQ) = 192 KB.
+template <>
+struct BackwardTuning<64> {
+  static constexpr bool kSplitD = false;
+  static constexpr int kBlockM = 128, kStages = 2;
+  // 64 (dK, dV) + 64 (S^T) + 64 (dP^T) + 32 (P) regs: spilled (48 bytes).
+  static constexpr bool kEarlyDv = false;
+  static constexpr bool kOverlapP = true;
+  // 160 + 32 KB; a second buffer would be 40 bytes over the 227 KB.
+  static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
+  static constexpr int kDqBufs = 1;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+// NOTES: d 128 (FA3's tile for d 128): 64 x 128. dK + dV 128 regs, S^T + dP^T
+// 64 regs. Smem: 2 * 32 (K, V) + 2 * 2 * 16 (Q, dO) + 2 * 16 (dS^T) + 2 * 32
+// (dQ) = 224 KB.
+template <>
+struct BackwardTuning<128> {
+  static constexpr bool kSplitD = false;
+  static constexpr int kBlockM = 64, kStages = 2;
+  static constexpr bool kEarlyDv = true;
+  static constexpr bool kOverlapP = true;
+  static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
+  static constexpr int kDqBufs = 2;  // 160 + 64 KB
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+// NOTES: d 256: dK + dV of 64 keys x 256 are 256 regs per thread of one
+// warpgroup, so the split-d mode (kernel.cuh): 64 keys x 64 queries, each
+// consumer owns 128 columns of dK, dV (128 regs) and dQ; S^T + dP^T 64 regs
+// (computed by both). dQ by red.global: its f32 tile (64 KB) does not fit beside
+// K, V (64 KB), two Q/dO stages (128 KB) and dS^T (16 KB) = 208 KB, so no
+// deterministic mode here (sm80).
+template <>
+struct BackwardTuning<256> {
+  static constexpr bool kSplitD = true;
+  static constexpr int kBlockM = 64, kStages = 2;
+  static constexpr bool kEarlyDv = true;
+  static constexpr bool kOverlapP = true;
+  static constexpr bool kDqTma = false;
+  static constexpr int kDqBufs = 0;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+};
+
+}  // namespace flashattn::cuda::sm90
