@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# One device call's worth of GPU checking, for a build made elsewhere (the GPU
-# machine has no compiler time to spare): every GPU test binary, compute-sanitizer
-# memcheck/racecheck on a subset, and `flashattn bench` (the main job) on the
-# anchors' protocol, forward and backward. Logs go to $OUT (or ./gpu-logs).
+# GPU checking for a build made elsewhere (the GPU machine has no compile time to
+# spare), in as few device calls as possible. Logs go to $OUT (or ./gpu-logs).
 #
-#   bash scripts/gpu_check.sh <dir with tests/ and tools/flashattn, or a .tar.xz of them>
-# GPU_CHECK_SANITIZE=0 skips the sanitizers, GPU_CHECK_CLI_BENCH=0 the CLI benchmark.
+#   bash scripts/gpu_check.sh <dir or .tar.xz with tests/, tools/flashattn, libflashattn.so> [parts]
+#
+# parts (default "tests sanitize"): any of
+#   tests     every GPU test binary; the sm80 suites again with FLASHATTN_DISABLE_SM90=1
+#   sanitize  compute-sanitizer memcheck / racecheck / synccheck on small subsets
+#   cli       `flashattn bench --protocol --backward` (the CLI's own fp64-checked sweep)
+#   bench     bench/bench_attention.py, the anchors' protocol against torch FA2 and cuDNN in the
+#             same process: forward (Hopper path), forward --sm80, backward (+ deterministic);
+#             results files land in $OUT/results (copy them to bench/results/)
 set -uo pipefail
-src="${1:?usage: gpu_check.sh BUILD_DIR|BUILD.tar.xz}"
+src="${1:?usage: gpu_check.sh BUILD_DIR|BUILD.tar.xz [parts]}"
+parts="${2:-tests sanitize}"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:-gpu-logs}"
 mkdir -p "$out"
 if [ -f "$src" ]; then
@@ -15,32 +22,75 @@ if [ -f "$src" ]; then
   tar -xJf "$src" -C "$dir"
   src="$dir"
 fi
+src="$(cd "$src" && pwd)"
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
 status=0
-for t in "$src"/tests/test_*; do
-  [ -x "$t" ] || continue
-  name=$(basename "$t")
-  "$t" --gtest_brief=1 > "$out/$name.log" 2>&1
-  rc=$?
-  echo "$name: exit $rc, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')"
+
+summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) |ERROR SUMMARY|RACECHECK SUMMARY" "$1" | tr '\n' ' '; }
+
+# run_logged NAME CMD...: runs CMD with its output in $out/NAME.log, prints one line.
+run_logged() {
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc ($((SECONDS - t0)) s) $(summary "$out/$name.log")"
   [ $rc -eq 0 ] || status=1
-done
-for tool in $([ "${GPU_CHECK_SANITIZE:-1}" = 1 ] && echo memcheck racecheck); do
+}
+
+if has tests; then
+  for t in "$src"/tests/test_*; do
+    [ -x "$t" ] || continue
+    run_logged "$(basename "$t")" "$t" --gtest_brief=1
+  done
+  # On an H100 the default dispatch takes the sm90 kernels; run the sm80 ones too.
   for t in test_cuda_forward test_cuda_backward; do
     [ -x "$src/tests/$t" ] || continue
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$src/tests/$t" \
-      --gtest_filter='*MatchesFloat64Reference/bf16_b1_sq113_sk203_h2x2_d64_s*' --gtest_brief=1 \
-      > "$out/sanitizer_${tool}_$t.log" 2>&1
-    rc=$?
-    echo "compute-sanitizer $tool $t: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/sanitizer_${tool}_$t.log" | tail -1)"
-    [ $rc -eq 0 ] || status=1
+    FLASHATTN_DISABLE_SM90=1 run_logged "${t}_sm80" "$src/tests/$t" --gtest_brief=1
   done
-done
-if [ "${GPU_CHECK_CLI_BENCH:-1}" = 1 ]; then
-  "$src/tools/flashattn" bench --protocol --backward --repeats 20 > "$out/bench_cli.txt" 2> "$out/bench_cli.err"
-  rc=$?
-  echo "flashattn bench --protocol --backward: exit $rc"
-  cat "$out/bench_cli.txt"
-  [ $rc -eq 0 ] || status=1
+fi
+
+if has sanitize; then
+  sm80_subset='*MatchesFloat64Reference/bf16_b1_sq113_sk203_h2x2_d64_s*'
+  for tool in memcheck racecheck; do
+    for t in test_cuda_forward test_cuda_backward; do
+      [ -x "$src/tests/$t" ] || continue
+      FLASHATTN_DISABLE_SM90=1 run_logged "san_${tool}_${t}_sm80" compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 "$src/tests/$t" --gtest_filter="$sm80_subset" --gtest_brief=1
+    done
+  done
+  # NOTES: racecheck does not model mbarrier ordering. The sm90 backward's
+  # producer writes lse/D rows with ordinary stores that the consumers read after
+  # the stage's mbarrier wait, so racecheck reports them as hazards (false
+  # positives, see tests/gpu/test_sm90_backward.cpp); its racecheck run is
+  # informational and does not set the exit status.
+  for tool in memcheck racecheck synccheck; do
+    [ -x "$src/tests/test_sm90_forward" ] &&
+      FLASHATTN_SM90_TEST_SMALL=1 run_logged "san_${tool}_test_sm90_forward" compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 "$src/tests/test_sm90_forward" --gtest_filter='*MatchesFloat64Reference*' --gtest_brief=1
+    if [ -x "$src/tests/test_sm90_backward" ]; then
+      keep=$status
+      FLASHATTN_SM90_TEST_SMALL=1 run_logged "san_${tool}_test_sm90_backward" compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 "$src/tests/test_sm90_backward" --gtest_filter='Suite/Sm90Backward.*' --gtest_brief=1
+      [ "$tool" = racecheck ] && status=$keep
+    fi
+  done
+fi
+
+if has cli; then
+  run_logged bench_cli "$src/tools/flashattn" bench --protocol --backward --repeats 20
+fi
+
+if has bench; then
+  mkdir -p "$out/results"
+  export FLASHATTN_LIBRARY="$src/libflashattn.so" PYTHONPATH="$repo/python" PYTHONUNBUFFERED=1
+  py="${PYTHON:-python3}"
+  run_logged bench_forward "$py" "$repo/bench/bench_attention.py" --impls ours,fa2,cudnn \
+    --out "$out/results/forward.md"
+  run_logged bench_forward_sm80 "$py" "$repo/bench/bench_attention.py" --sm80 --impls ours,fa2,cudnn \
+    --out "$out/results/forward-sm80.md"
+  run_logged bench_backward "$py" "$repo/bench/bench_attention.py" --backward \
+    --impls ours,ours-det,fa2,cudnn --out "$out/results/backward.md"
 fi
 exit $status
