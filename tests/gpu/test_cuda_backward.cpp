@@ -9,6 +9,7 @@
 
 #include "common/harness.h"
 #include "common/suites.h"
+#include "backward_check.h"
 #include "device.h"
 
 namespace flashattn::testing {
@@ -21,28 +22,6 @@ struct BackwardInputs {
   DeviceTensor out, lse;
   explicit BackwardInputs(const Problem& p, const HostTensor& out_h, const HostTensor& lse_h)
       : dev(p), out(DeviceTensor::upload(out_h)), lse(DeviceTensor::upload(lse_h)) {}
-};
-
-// Runs the CPU forward for out and lse (host tensors).
-::testing::AssertionResult cpu_forward(const Problem& p, HostTensor* out, HostTensor* lse) {
-  fa_options o = p.options;
-  o.backend = FA_BACKEND_CPU;
-  *out = p.poisoned_like_q();
-  *lse = p.poisoned_lse();
-  if (fa_forward(&p.q.desc, &p.k.desc, &p.v.desc, &out->desc, &lse->desc, p.varlen_ptr(), &o) != FA_OK) {
-    return ::testing::AssertionFailure() << "CPU forward: " << fa_last_error();
-  }
-  return ::testing::AssertionSuccess();
-}
-
-struct Grads {
-  HostTensor dq, dk, dv;
-  std::vector<uint8_t> bytes() const {
-    std::vector<uint8_t> all = dq.bytes;
-    all.insert(all.end(), dk.bytes.begin(), dk.bytes.end());
-    all.insert(all.end(), dv.bytes.begin(), dv.bytes.end());
-    return all;
-  }
 };
 
 // One CUDA backward into poisoned device gradients; `own_workspace` passes a
@@ -76,18 +55,6 @@ struct Grads {
   g->dk = dk.download(p.poisoned_like_k());
   g->dv = dv.download(p.poisoned_like_k());
   return ::testing::AssertionSuccess();
-}
-
-void expect_matches_reference(const Problem& p, const Grads& g) {
-  const Expected e = expected_all(p);
-  const double atol = default_atol(p.c.dtype);
-  for (auto [got, exact, naive, name] :
-       {std::tuple{&g.dq, &e.exact_grad.dq, &e.naive_grad.dq, "dq"},
-        std::tuple{&g.dk, &e.exact_grad.dk, &e.naive_grad.dk, "dk"},
-        std::tuple{&g.dv, &e.exact_grad.dv, &e.naive_grad.dv, "dv"}}) {
-    const Comparison c = compare_rows(*got, *exact, *naive, atol);
-    EXPECT_TRUE(c.ok) << c.describe(name);
-  }
 }
 
 std::vector<int> gpu_head_dims() { return {32, 40, 64, 72, 80, 96, 128, 160, 192, 224, 256}; }

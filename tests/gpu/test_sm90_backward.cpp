@@ -18,25 +18,11 @@
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
 #include "cuda/sm90/bwd/api.h"
+#include "backward_check.h"
 #include "device.h"
 
 namespace flashattn::testing {
 namespace {
-
-struct Grads {
-  HostTensor dq, dk, dv;
-};
-
-// out and lse from the CPU forward (host), as in test_cuda_backward.
-::testing::AssertionResult cpu_forward(const Problem& p, HostTensor* out, HostTensor* lse) {
-  fa_options o = p.options;
-  o.backend = FA_BACKEND_CPU;
-  *out = p.poisoned_like_q();
-  *lse = p.poisoned_lse();
-  if (fa_forward(&p.q.desc, &p.k.desc, &p.v.desc, &out->desc, &lse->desc, p.varlen_ptr(), &o) != FA_OK)
-    return ::testing::AssertionFailure() << "CPU forward: " << fa_last_error();
-  return ::testing::AssertionSuccess();
-}
 
 enum class Path { kSm90Direct, kPublicApi };
 
@@ -100,18 +86,6 @@ enum class Path { kSm90Direct, kPublicApi };
   g->dk = dk.download(p.poisoned_like_k());
   g->dv = dv.download(p.poisoned_like_k());
   return ::testing::AssertionSuccess();
-}
-
-void expect_matches_reference(const Problem& p, const Grads& g) {
-  const Expected e = expected_all(p);
-  const double atol = default_atol(p.c.dtype);
-  for (auto [got, exact, naive, name] :
-       {std::tuple{&g.dq, &e.exact_grad.dq, &e.naive_grad.dq, "dq"},
-        std::tuple{&g.dk, &e.exact_grad.dk, &e.naive_grad.dk, "dk"},
-        std::tuple{&g.dv, &e.exact_grad.dv, &e.naive_grad.dv, "dv"}}) {
-    const Comparison c = compare_rows(*got, *exact, *naive, atol);
-    EXPECT_TRUE(c.ok) << c.describe(name);
-  }
 }
 
 class Sm90Backward : public ::testing::TestWithParam<Case> {};
