@@ -272,9 +272,13 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   // NOTES: tanh(x) = 1 - 2 / (e^(2x) + 1): one ex2 and one rcp, no branch.
   // libm tanhf branches on |x|, and at d = 64, N = 128 that body spilled; the
   // error is ~1e-7 * softcap absolute, and +-inf / NaN come out as +-1 / NaN.
-  // The mask stays per element: two per-row bounds compared with a constant
-  // column per element was tried, and spilled 112 bytes at d = 128, 128x64
-  // (ptxas's allocation at 255 registers is that sensitive).
+  // Two forms of the same mask, picked by tile width because ptxas, at 255
+  // registers, spills one or the other (bytes of spill stores, -Xptxas -v):
+  //  - per row, bounds [lo, hi) relative to this lane's first column n0 + 2t,
+  //    compared with a compile-time column per element (kNT >= 16: d = 64 at
+  //    128x128; the per-element form spilled 100 bytes there, sm_80 build);
+  //  - per element, visible(row, col) (narrower tiles: the per-row form
+  //    spilled 112 bytes at d = 128, 128x64, one stage, sm_90a build).
   auto mask_scores = [&](Scores& s, int n0) {
     if (softcap) {
       const float cap_in2 = 2.0f * kLog2e * p.scale / p.softcap;
@@ -287,16 +291,35 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
           for (int e = 0; e < 4; ++e)
             s[mt][nt][e] = fmaf(cap2, fast_rcp(fast_exp2(s[mt][nt][e] * cap_in2) + 1.0f), p.softcap);
     }
+    if constexpr (kNT >= 16) {
+      const int col0 = n0 + 2 * t;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = m0 + warp_row + mt * 16 + g + hf * 8;
+          const int lo = mask.first_key(row) - col0;
+          const int hi = min(mask.end_key(row), mask.seqlen_k) - col0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
-          const int col = n0 + nt * 8 + 2 * t + (e & 1);
-          if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+              const int c = nt * 8 + (e & 1);
+              if (c < lo || c >= hi) s[mt][nt][e] = -INFINITY;
+            }
         }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
+            const int col = n0 + nt * 8 + 2 * t + (e & 1);
+            if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+          }
+    }
   };
 
   // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
