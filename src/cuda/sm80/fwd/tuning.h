@@ -50,9 +50,10 @@ struct ForwardTuning<32> {
 // before, 40..84 bytes of spills. Run of 2026-11-22 12:50 (fwd_variants, two
 // runs each, seqlen 1023/1k/4k/16k): 276..300/299..306/329..336/335..338
 // (causal 225..226/226..227/295/309..319) against 253..265/262..269/288..292/
-// 298..299 (causal 208..211/208..210/257..266/282..287) for the 128x64 tile
-// used before: +8..14%. One and three stages at N = 128 still spill; Q K_{j+1}^T
-// overlapped with the softmax (kOverlapQK) spills at N = 64 (148 bytes) too.
+// 298..299 (causal 208..211/208..211/257..266/282..287) for the 128x64 tile
+// used before: +11..17% at 1k..16k, causal +7..15%. One and three stages at
+// N = 128 still spill; Q K_{j+1}^T overlapped with the softmax (kOverlapQK)
+// spills at N = 64 (148 bytes) too.
 template <>
 struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 2;
@@ -79,10 +80,10 @@ struct ForwardTuning<96> {
 // as consecutive register pairs; two stages spilled 20 bytes until P was
 // packed per row half. Run of 2026-11-22 12:50 (fwd_variants, two runs each,
 // seqlen 1023/1k/4k/16k): 342..349/346..348/357..363/378..381 (causal
-// 261..262/259..263/323..327/334..351) against 312..320/314..322/335..343/
-// 352..355 (causal 251..255/252..256/306..309/319..320) for one stage:
-// +3..10%. Earlier: 64x64 at 3 CTAs/SM 269/286/294; 8 warps x 16 rows
-// (128x64, 2 stages) 217/250/270.
+// 261..262/259..263/323..327/334..351) against 304..320/313..322/335..348/
+// 352..355 (causal 251..255/252..256/295..309/319..322) for one stage:
+// +3..15% (causal +1..11%). Earlier: 64x64 at 3 CTAs/SM 269/286/294; 8 warps
+// x 16 rows (128x64, 2 stages) 217/250/270.
 template <>
 struct ForwardTuning<128> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
@@ -108,8 +109,8 @@ struct ForwardTuning<192> {
 // 242..278; N = 128 spills. Re-run with the K fix (12:07): 292/318/316
 // against 251/281/286 for 8 warps and 226/259/279 for N = 32. Run of
 // 2026-11-22 12:50 (seqlen 1023/1k/4k/16k, this shape 285..295/289..294/
-// 307..313/305..321): Q in registers (255 registers, no spills) 255..265/
-// 260..265/284..291/294..304, i.e. -5..10% (causal within noise); 128 rows x
+// 307..313/305..321): Q in registers (255 registers, no spills) 255..263/
+// 260..265/284..291/294..304, i.e. -0..14% (causal within noise); 128 rows x
 // 8 warps, N = 64, one stage 259/260/278/287; N = 32, three stages 234/238/
 // 261/267 (both 1 CTA/SM: half the K/V traffic from L2 per query row did not
 // pay for the SM-wide barriers).
