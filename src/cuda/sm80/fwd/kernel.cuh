@@ -267,26 +267,59 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
   };
 
+  // Softcap, s -> softcap * tanh(s * scale / softcap), and the mask (-inf where
+  // key col of row is not visible).
+  // NOTES: tanh(x) = 1 - 2 / (e^(2x) + 1): one ex2 and one rcp, no branch.
+  // libm tanhf branches on |x|, and at d = 64, N = 128 that body spilled; the
+  // error is ~1e-7 * softcap absolute, and +-inf / NaN come out as +-1 / NaN.
+  // Two forms of the same mask, picked by tile width because ptxas, at 255
+  // registers, spills one or the other (bytes of spill stores, -Xptxas -v):
+  //  - per row, bounds [lo, hi) relative to this lane's first column n0 + 2t,
+  //    compared with a compile-time column per element (kNT >= 16: d = 64 at
+  //    128x128; the per-element form spilled 100 bytes there, sm_80 build);
+  //  - per element, visible(row, col) (narrower tiles: the per-row form
+  //    spilled 112 bytes at d = 128, 128x64, one stage, sm_90a build).
   auto mask_scores = [&](Scores& s, int n0) {
     if (softcap) {
-      const float cap_in = p.scale / p.softcap;
+      const float cap_in2 = 2.0f * kLog2e * p.scale / p.softcap;
+      const float cap2 = -2.0f * p.softcap;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] = p.softcap * tanhf(s[mt][nt][e] * cap_in);
+          for (int e = 0; e < 4; ++e)
+            s[mt][nt][e] = fmaf(cap2, fast_rcp(fast_exp2(s[mt][nt][e] * cap_in2) + 1.0f), p.softcap);
     }
+    if constexpr (kNT >= 16) {
+      const int col0 = n0 + 2 * t;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = m0 + warp_row + mt * 16 + g + hf * 8;
+          const int lo = mask.first_key(row) - col0;
+          const int hi = min(mask.end_key(row), mask.seqlen_k) - col0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
-          const int col = n0 + nt * 8 + 2 * t + (e & 1);
-          if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+              const int c = nt * 8 + (e & 1);
+              if (c < lo || c >= hi) s[mt][nt][e] = -INFINITY;
+            }
         }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
+            const int col = n0 + nt * 8 + 2 * t + (e & 1);
+            if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
+          }
+    }
   };
 
   // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
@@ -305,31 +338,22 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
         const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
         const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
         row_max[mt][hf] = mx;
+        // P of this row to 16 bits right away (registers hf of the A
+        // fragment: a0/a2 row g, a1/a3 row g + 8), so S dies row by row.
         float sum = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-            s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled));
-            sum += s[mt][nt][e];
-          }
+        for (int nt = 0; nt < kNT; ++nt) {
+          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
+          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
+          sum += p0 + p1;
+          pk[mt][nt / 2][hf + 2 * (nt % 2)] = Mma::pack(p0, p1);
+        }
         row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
           acc[mt][dt][2 * hf] *= corr;
           acc[mt][dt][2 * hf + 1] *= corr;
         }
-      }
-
-    // P to 16 bits now: half the registers of S while V lands.
-#pragma unroll
-    for (int kk = 0; kk < kKP; ++kk)
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        pk[mt][kk][0] = Mma::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pk[mt][kk][1] = Mma::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pk[mt][kk][2] = Mma::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pk[mt][kk][3] = Mma::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
   };
 

@@ -42,17 +42,21 @@ struct ForwardTuning<32> {
   static constexpr int kMinBlocksPerSm = 2;
 };
 
-// NOTES: 32 rows per warp (each K/V fragment feeds 2 mma's); two stages with
-// one barrier per tile. Run of 2026-11-22 12:07 (fwd_variants, seqlen
-// 1k/4k/16k): 274/299/306 (causal 213/270/294); one stage 267/298/308, one
-// stage with Q in registers 268/297/306, three stages 258/284/299, 64-row
-// tiles at 3 CTAs/SM 244/236/251. Q stays in shared memory: Q in registers
-// with two stages spilled 8 bytes once K got its own ldmatrix lane pattern.
-// N = 128 (FA2's d64 tile) still spills; Q K_{j+1}^T overlapped with the
-// softmax (kOverlapQK) fits only at N = 32: 236/249/254. 48 KB.
+// NOTES: FA2's d64 tile: 4 warps x 32 rows, N = 128 (half the per-tile
+// barriers, row-max/sum shuffles and O rescales of N = 64), two stages with one
+// barrier per tile, 80 KB (2 CTAs/SM on an H100 and on an A100). Fits 255
+// registers with no spills since the softcap tanh is branch-free, P is packed
+// per row half, and this width takes the per-row mask bounds (kernel.cuh);
+// before, 40..84 bytes of spills. Run of 2026-11-22 12:50 (fwd_variants, two
+// runs each, seqlen 1023/1k/4k/16k): 276..300/299..306/329..336/335..338
+// (causal 225..226/226..227/295/309..319) against 253..265/262..269/288..292/
+// 298..299 (causal 208..211/208..211/257..266/282..287) for the 128x64 tile
+// used before: +11..17% at 1k..16k, causal +7..15%. One and three stages at
+// N = 128 still spill; Q K_{j+1}^T overlapped with the softmax (kOverlapQK)
+// spills at N = 64 (148 bytes) too.
 template <>
 struct ForwardTuning<64> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
+  static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
@@ -69,16 +73,20 @@ struct ForwardTuning<96> {
 };
 
 // NOTES: FA2's d128 shape: 4 warps x 32 rows (each K/V fragment feeds 2
-// mma's, half the ldmatrix traffic of 16 rows), N = 64, one stage (64 KB,
-// 2 CTAs/SM). O (128) + S (64) + fragments fit 255 registers without spills
-// only since K's fragments load as consecutive register pairs (92 bytes of
-// spills before). 326/358/359 (causal 225..249/295..307/314..333, two runs
-// in one process) against 260/273/301 for the previous 16-rows-per-warp
-// 64x128 tile with the same K fix; 64x64 at 3 CTAs/SM 269/286/294; 8 warps
-// x 16 rows (128x64, 2 stages) 217/250/270; two stages spill.
+// mma's, half the ldmatrix traffic of 16 rows), N = 64, here with two stages
+// (one barrier per tile instead of two). 96 KB: 2 CTAs/SM on an H100, 1 on an
+// A100 (164 KB/SM; not measured there; one stage, 64 KB, fits 2). O (128) + S
+// (64) + fragments fit 255 registers without spills since K's fragments load
+// as consecutive register pairs; two stages spilled 20 bytes until P was
+// packed per row half. Run of 2026-11-22 12:50 (fwd_variants, two runs each,
+// seqlen 1023/1k/4k/16k): 342..349/346..348/357..363/378..381 (causal
+// 261..262/259..263/323..327/334..351) against 304..320/313..322/335..348/
+// 352..355 (causal 251..255/252..256/295..309/319..322) for one stage:
+// +3..15% (causal +1..11%). Earlier: 64x64 at 3 CTAs/SM 269/286/294; 8 warps
+// x 16 rows (128x64, 2 stages) 217/250/270.
 template <>
 struct ForwardTuning<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1;
+  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
   static constexpr int kMinBlocksPerSm = 2;
@@ -99,7 +107,13 @@ struct ForwardTuning<192> {
 // H100 (1 on an A100): 289/314/314 against 256/274/280 for one CTA of 8 warps
 // (128 rows), whose barriers stall the whole SM. N = 32 with two stages:
 // 242..278; N = 128 spills. Re-run with the K fix (12:07): 292/318/316
-// against 251/281/286 for 8 warps and 226/259/279 for N = 32.
+// against 251/281/286 for 8 warps and 226/259/279 for N = 32. Run of
+// 2026-11-22 12:50 (seqlen 1023/1k/4k/16k, this shape 285..295/289..294/
+// 307..313/305..321): Q in registers (255 registers, no spills) 255..263/
+// 260..265/284..291/294..304, i.e. -0..14% (causal within noise); 128 rows x
+// 8 warps, N = 64, one stage 259/260/278/287; N = 32, three stages 234/238/
+// 261/267 (both 1 CTA/SM: half the K/V traffic from L2 per query row did not
+// pay for the SM-wide barriers).
 template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
