@@ -28,7 +28,11 @@ struct CliRun {
 };
 
 CliRun run_cli(const std::string& arguments) {
-  const fs::path log = fs::temp_directory_path() / ("flashattn_cli_" + std::to_string(std::rand()) + ".log");
+  // ctest runs each test in its own process, in parallel: the name must be
+  // unique across processes (an unseeded std::rand() gave them all the same one).
+  static int calls = 0;
+  const fs::path log = fs::temp_directory_path() / ("flashattn_cli_" + std::to_string(::getpid()) + "_" +
+                                                    std::to_string(calls++) + ".log");
   const std::string cmd = std::string(FLASHATTN_CLI_PATH) + " " + arguments + " > " + log.string() + " 2>&1";
   const int status = std::system(cmd.c_str());
   std::ifstream f(log);
