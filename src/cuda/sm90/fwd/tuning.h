@@ -58,6 +58,18 @@
 #ifndef FLASHATTN_SM90_QSTAGES_128
 #define FLASHATTN_SM90_QSTAGES_128 2
 #endif
+#ifndef FLASHATTN_SM90_O_TMA
+#define FLASHATTN_SM90_O_TMA 1
+#endif
+#ifndef FLASHATTN_SM90_TIGHT_GROUPS
+#define FLASHATTN_SM90_TIGHT_GROUPS 1
+#endif
+#ifndef FLASHATTN_SM90_EARLY_Q
+#define FLASHATTN_SM90_EARLY_Q 1
+#endif
+#ifndef FLASHATTN_SM90_STAGES_128
+#define FLASHATTN_SM90_STAGES_128 2
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -87,6 +99,9 @@ struct ForwardTuning<64> {
   static constexpr int kCausalConsumers = FLASHATTN_SM90_CAUSAL_CONSUMERS_64;
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -101,8 +116,11 @@ struct ForwardTuning<64> {
 template <>
 struct ForwardTuning<128> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
-  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
+  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = FLASHATTN_SM90_STAGES_128;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -118,6 +136,9 @@ struct ForwardTuning<192> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -135,6 +156,9 @@ template <>
 struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
