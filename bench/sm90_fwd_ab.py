@@ -25,8 +25,8 @@ TOKENS, HIDDEN = 16384, 2048
 
 def load_binding(name, path):
     """A private instance of flashattn._capi bound to the library at `path`."""
-    import flashattn
-    src = os.path.join(os.path.dirname(flashattn.__file__), "_capi.py")
+    pkg = importlib.util.find_spec("flashattn").submodule_search_locations[0]  # not imported
+    src = os.path.join(pkg, "_capi.py")
     os.environ["FLASHATTN_LIBRARY"] = os.path.abspath(path)
     spec = importlib.util.spec_from_file_location(f"_capi_{name}", src)
     mod = importlib.util.module_from_spec(spec)

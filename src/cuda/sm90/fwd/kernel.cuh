@@ -8,9 +8,11 @@
 // each, taking turns to issue their GEMMs (ping-pong): S = Q K^T with wgmma
 // from shared memory, online softmax in registers (masking with the shared
 // MaskPolicy, softcap), O += P V with wgmma taking P from registers.
-// The epilogue normalizes O, stores it straight from registers (rows past the
-// sequence are never written, which keeps variable-length batches safe) and
-// writes the logsumexp.
+// The epilogue normalizes O and stores it through shared memory with TMA where
+// the tuning has room for that (kOTma; TMA clips rows past the sequence), or
+// straight from registers (varlen, and d = 192 / 256: rows past the sequence
+// are never written, which keeps variable-length batches safe), and writes
+// the logsumexp.
 //
 // Head dims below D (any multiple of 8 up to D) run on the kernel of D: the
 // tensor maps have the real head dim as their inner extent, so TMA zero-fills
@@ -287,6 +289,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
       // groups complete in order), after which its Q buffer (the one the next
       // Q goes into) was released: so the Q wait below returns at once, and the
       // next Q gets most of a tile of lead instead of a couple of key tiles.
+      // (ncu, d128 2k: the consumers' wait for Q at a tile's start was 0.75%
+      // of warp samples, 1.2% causal; measured gain: none beyond the spread.)
       // One Q buffer: the next Q can only follow the current tile's last S,
       // after all its K/V loads (earlier, it would wait on K/V not yet
       // loaded: a deadlock).
@@ -534,7 +538,11 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
       // sequence's rows), O goes to shared memory in the 128B-swizzled layout
       // of the O tensor map and one thread stores it with TMA, which clips rows
       // past seqlen_q and columns past head_dim; otherwise straight from
-      // registers, 4 bytes per thread and column pair.
+      // registers, 4 bytes per thread and column pair. Why: ncu of the
+      // register stores at d128 2k showed the consumer warps stalled on them
+      // (long scoreboard on the branch after the stores, ~1.5% of samples,
+      // none at 16k per unit of work) and half-filled 32-byte sectors (8 rows
+      // x 16 bytes per warp store). Measured +1-3% at d128 / d64.
       float inv[2];
       const bool full_dim = p.head_dim == D;
 #pragma unroll
@@ -686,13 +694,16 @@ fa_status launch_kernel(const AttentionParams& p) {
   const int rounds_per_group = Tune::kTightGroups && !p.has_mask() ? 1 : 2;
   const int min_group = (rounds_per_group * grid + a.num_m_blocks - 1) / a.num_m_blocks;
   int group = fit >= num_bh ? num_bh : static_cast<int>(fit);
-  // NOTES (kTightGroups): the smallest group that spans the rounds it needs
-  // (two with a mask, for the snake; one without, where every tile costs the
-  // same) rather than as many heads as half the L2 holds. The CTAs of a round
-  // then share fewer heads, each head's K/V is walked by more CTAs at once,
-  // and fewer of them miss L2 (hdim 128, 2k, non-causal, one 25-head group
-  // per half L2: 481 MB read from DRAM vs cuDNN's 201, ncu).
-  if (Tune::kTightGroups && group > min_group) group = min_group;
+  // NOTES (kTightGroups, unmasked only): the smallest group that spans one
+  // round (every tile costs the same, so the snake has nothing to even out)
+  // rather than as many heads as half the L2 holds. The CTAs of a round then
+  // share fewer heads, each head's K/V is walked by more CTAs at once, and
+  // fewer loads miss L2 (hdim 128, 2k, non-causal, 25-head groups: 481 MB
+  // read from DRAM vs cuDNN's 201, ncu). Measured +3-4% at 2k/4k. With a
+  // mask the smallest two-round group lost 6-19% at 2k (d128 / d64 causal):
+  // a round then straddles two groups and the snake's pairing of heavy and
+  // light tiles breaks (as in the hdim 256 note above).
+  if (Tune::kTightGroups && !p.has_mask() && group > min_group) group = min_group;
   if (group < min_group) group = min_group;
   a.group_heads = group < num_bh ? group : num_bh;
 
