@@ -248,12 +248,12 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
       const int group = p.heads_q / p.heads_kv;
       int qt = 0;  // tiles with loads so far: Q buffer qt % kQStages
       int it = 0;
-      // The next tile of this CTA's walk that has loads, from round `round` on
-      // (the consumers skip the same tiles: invalid, or no visible key).
-      // Only what the loads need (the producer runs on 24 registers).
+      // What a tile's loads need, and no more (the producer runs on 24 registers).
       struct Loads {
         int row_q, row_k0, h, bq, n_begin, n_end;
       };
+      // The next tile of this CTA's walk that has loads, from round `round` on
+      // (the consumers skip the same tiles: invalid, or no visible key).
       auto next_tile = [&](int& round, Loads& l) {
         for (; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
           const int t = snake_rank(round, gridDim.x, blockIdx.x);
