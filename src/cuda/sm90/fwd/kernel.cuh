@@ -8,9 +8,11 @@
 // each, taking turns to issue their GEMMs (ping-pong): S = Q K^T with wgmma
 // from shared memory, online softmax in registers (masking with the shared
 // MaskPolicy, softcap), O += P V with wgmma taking P from registers.
-// The epilogue normalizes O, stores it straight from registers (rows past the
-// sequence are never written, which keeps variable-length batches safe) and
-// writes the logsumexp.
+// The epilogue normalizes O and stores it through shared memory with TMA where
+// the tuning has room for that (kOTma; TMA clips rows past the sequence), or
+// straight from registers (varlen, and d = 192 / 256: rows past the sequence
+// are never written, which keeps variable-length batches safe), and writes
+// the logsumexp.
 //
 // Head dims below D (any multiple of 8 up to D) run on the kernel of D: the
 // tensor maps have the real head dim as their inner extent, so TMA zero-fills
@@ -37,6 +39,7 @@
 #include "core/params.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/fwd/launch.h"
+#include "cuda/sm90/fwd/tma_store.h"
 #include "cuda/sm90/fwd/tuning.h"
 #include "cuda/sm90/sync.h"
 #include "cuda/sm90/tma.h"
@@ -73,7 +76,11 @@ struct FwdTraits {
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQStages * kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
-  static constexpr int kBarOff = kVOff + kStages * kKVBytes;
+  // O staging for the TMA-store epilogue: 64 rows x D per consumer warpgroup.
+  static constexpr bool kOTma = Tune::kOTma;
+  static constexpr int kOBytes = 64 * D * 2;
+  static constexpr int kOOff = kVOff + kStages * kKVBytes;
+  static constexpr int kBarOff = kOOff + (kOTma ? kConsumers * kOBytes : 0);
   static constexpr int kNumBars = 2 * kQStages + 4 * kStages;
   // + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
   static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
@@ -83,11 +90,15 @@ struct FwdTraits {
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
   static_assert(kBlockM <= 256, "a TMA box has at most 256 rows");
   static_assert(kQStages == 1 || kQStages == 2, "one Q buffer, or two (next tile's Q prefetched)");
+  static_assert(kStages >= 2, "the producer's early Q needs a K/V ring of at least two stages");
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
                 "setmaxnreg budget over the register file");
   // Barrier ids for the ping-pong (0 is __syncthreads): consumer c waits on
   // kTurnBarrier0 + c, which consumer c-1 (mod kConsumers) arrives on.
   static constexpr uint32_t kTurnBarrier0 = 1;
+  // Consumer c's 128 threads meet on kOBarrier0 + c around its O staging.
+  static constexpr uint32_t kOBarrier0 = kTurnBarrier0 + kConsumers;
+  static_assert(kOBarrier0 + kConsumers <= 16, "16 hardware barriers");
 };
 
 // What one tile of the persistent walk covers. Producer and consumers compute
@@ -191,6 +202,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
                    const __grid_constant__ CUtensorMap tma_v,
+                   const __grid_constant__ CUtensorMap tma_o,
                    const __grid_constant__ AttentionParams p, const FwdArgs a) {
 #if FLASHATTN_SM90_DEVICE
   using K = FwdTraits<D, T, C>;
@@ -236,44 +248,85 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
       const int group = p.heads_q / p.heads_kv;
       int qt = 0;  // tiles with loads so far: Q buffer qt % kQStages
       int it = 0;
-      for (int round = 0; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
-        const int t = snake_rank(round, gridDim.x, blockIdx.x);
-        if (t >= a.num_tiles) continue;
-        const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
-        if (!w.valid || w.n_end <= w.n_begin) continue;
+      // What a tile's loads need, and no more (the producer runs on 24 registers).
+      struct Loads {
+        int row_q, row_k0, h, bq, n_begin, n_end;
+      };
+      // The next tile of this CTA's walk that has loads, from round `round` on
+      // (the consumers skip the same tiles: invalid, or no visible key).
+      auto next_tile = [&](int& round, Loads& l) {
+        for (; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
+          const int t = snake_rank(round, gridDim.x, blockIdx.x);
+          if (t >= a.num_tiles) continue;
+          const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
+          if (!w.valid || w.n_end <= w.n_begin) continue;
+          l.row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
+          l.row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
+          l.h = w.h;
+          l.bq = varlen ? 0 : w.b;
+          l.n_begin = w.n_begin;
+          l.n_end = w.n_end;
+          return true;
+        }
+        return false;
+      };
+      auto issue_q = [&](const Loads& l) {
         const int qs = qt % K::kQStages;
         const uint32_t q_phase = (qt / K::kQStages) & 1;
         ++qt;
-        const int bq = varlen ? 0 : w.b;
-        const int row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
-        const int row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
-        const int hk = w.h / group;
-        // NOTES: with two Q buffers this wait is for the Q of two tiles ago,
-        // released long since: Q(t+1) is loaded as soon as the last K/V of
-        // tile t are issued, while the consumers still work on tile t.
         mbar_wait(&empty_q[qs], q_phase ^ 1);
         mbar_arrive_expect_tx(&full_q[qs], K::kQBytes);
 #pragma unroll
         for (int c = 0; c < K::kColBlocks; ++c)
           tma_load_4d(sQ + (qs * K::kColBlocks + c) * kBlockM * 64, &tma_q, &full_q[qs], c * 64,
-                      row_q, w.h, bq);
+                      l.row_q, l.h, l.bq);
+      };
+      // NOTES: with two Q buffers (and kEarlyQ), the next tile's Q is requested
+      // right after the current tile's first kStages - 1 K/V tiles, not after
+      // all of them. The last of those went into the stage of the previous
+      // tile's second-to-last key tile: its V was released after that tile's
+      // P V, which completes after the previous tile's last S = Q K^T (wgmma
+      // groups complete in order), after which its Q buffer (the one the next
+      // Q goes into) was released: so the Q wait below returns at once, and the
+      // next Q gets most of a tile of lead instead of a couple of key tiles.
+      // (ncu, d128 2k: the consumers' wait for Q at a tile's start was 0.75%
+      // of warp samples, 1.2% causal; measured gain: none beyond the spread.)
+      // One Q buffer: the next Q can only follow the current tile's last S,
+      // after all its K/V loads (earlier, it would wait on K/V not yet
+      // loaded: a deadlock).
+      constexpr int kQLead = K::kQStages == 2 && K::Tune::kEarlyQ ? kStages - 1 : 1 << 30;
+      int round = 0;
+      Loads w;
+      bool have = next_tile(round, w);
+      if (have) issue_q(w);
+      while (have) {
+        int round_next = round + 1;
+        Loads wn;
+        const bool have_next = next_tile(round_next, wn);
+        const int hk = w.h / group;
+        int loaded = 0;
         for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1;
-          const int row_k = row_k0 + n * kBlockN;
+          const int row_k = w.row_k0 + n * kBlockN;
           mbar_wait(&empty_k[s], ph ^ 1);
           mbar_arrive_expect_tx(&full_k[s], K::kKVBytes);
 #pragma unroll
           for (int c = 0; c < K::kColBlocks; ++c)
             tma_load_4d(sK + (s * K::kColBlocks + c) * kBlockN * 64, &tma_k, &full_k[s], c * 64,
-                        row_k, hk, bq);
+                        row_k, hk, w.bq);
           mbar_wait(&empty_v[s], ph ^ 1);
           mbar_arrive_expect_tx(&full_v[s], K::kKVBytes);
 #pragma unroll
           for (int c = 0; c < K::kColBlocks; ++c)
             tma_load_4d(sV + (s * K::kColBlocks + c) * kBlockN * 64, &tma_v, &full_v[s], c * 64,
-                        row_k, hk, bq);
+                        row_k, hk, w.bq);
+          if (++loaded == kQLead && have_next) issue_q(wn);
         }
+        if (loaded < kQLead && have_next) issue_q(wn);
+        w = wn;
+        round = round_next;
+        have = have_next;
       }
     }
   } else {
@@ -481,6 +534,15 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 
       // ---------------------------------------------------------- epilogue
       // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
+      // NOTES: with kOTma (not varlen: a TMA box would spill into the next
+      // sequence's rows), O goes to shared memory in the 128B-swizzled layout
+      // of the O tensor map and one thread stores it with TMA, which clips rows
+      // past seqlen_q and columns past head_dim; otherwise straight from
+      // registers, 4 bytes per thread and column pair. Why: ncu of the
+      // register stores at d128 2k showed the consumer warps stalled on them
+      // (long scoreboard on the branch after the stores, ~1.5% of samples,
+      // none at 16k per unit of work) and half-filled 32-byte sectors (8 rows
+      // x 16 bytes per warp store). Measured +1-3% at d128 / d64.
       float inv[2];
       const bool full_dim = p.head_dim == D;
 #pragma unroll
@@ -491,18 +553,53 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
         l[r] = sum;
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
       }
+      bool o_stored = false;
+      if constexpr (K::kOTma) {
+        if (!varlen) {
+          o_stored = true;
+          uint8_t* so = smem + K::kOOff + cw * K::kOBytes;
+          const uint32_t o_bar = K::kOBarrier0 + cw;
+          // The previous tile's store must have read the buffer.
+          if (tid == 0) tma_store_wait_read();
+          named_sync(o_bar, 128);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // Row rr of the 64 at byte rr * 128 of each 64-column block; its
+            // 16-byte chunk c sits at chunk c ^ (rr % 8) (the 128B swizzle).
+            const int rr = warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i) {
+              const uint32_t off = (i / 8) * 64 * 128 + rr * 128 + (((i % 8) ^ (rr % 8)) << 4) +
+                                   (lane % 4) * 4;
+              *reinterpret_cast<uint32_t*>(so + off) =
+                  pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+            }
+          }
+          fence_proxy_async_smem();
+          named_sync(o_bar, 128);
+          const int wg_row0 = w.m0 + cw * 64;
+          if (tid == 0 && wg_row0 < w.seq.seqlen_q) {
+#pragma unroll
+            for (int c = 0; c < K::kColBlocks; ++c)
+              if (c * 64 < p.head_dim) tma_store_4d(&tma_o, so + c * 64 * 128, c * 64, wg_row0, w.h, w.b);
+            tma_store_commit();
+          }
+        }
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= w.seq.seqlen_q) continue;
-        T* orow = static_cast<T*>(p.out) + row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
-                                                      p.o_row_stride, p.o_head_stride, varlen);
+        if (!o_stored) {
+          T* orow = static_cast<T*>(p.out) + row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
+                                                        p.o_row_stride, p.o_head_stride, varlen);
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          // Columns 8i..8i+7 exist when 8i < head_dim (a multiple of 8).
-          if (full_dim || 8 * i < p.head_dim) {
-            *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
-                pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          for (int i = 0; i < D / 8; ++i) {
+            // Columns 8i..8i+7 exist when 8i < head_dim (a multiple of 8).
+            if (full_dim || 8 * i < p.head_dim) {
+              *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
+                  pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+            }
           }
         }
         if (p.lse != nullptr && lane % 4 == 0) {
@@ -514,6 +611,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
     // Balance the ping-pong: the last warpgroup's final hand-over to warpgroup
     // 0 is consumed here, so no arrival is left pending on a hardware barrier.
     if (kPingPong && cw == 0) named_sync(K::kTurnBarrier0, kTurnThreads);
+    // The last O stores must complete before the CTA's shared memory goes.
+    if (K::kOTma && tid == 0) tma_store_wait_all();
   }
 #endif
 }
@@ -521,6 +620,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 template <int D, typename T, int C>
 fa_status launch_kernel(const AttentionParams& p) {
   using K = FwdTraits<D, T, C>;
+  using Tune = typename K::Tune;
   if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
     return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
   const bool varlen = p.is_varlen();
@@ -541,7 +641,7 @@ fa_status launch_kernel(const AttentionParams& p) {
     const uint32_t box[4] = {64, box_rows, 1, 1};
     return make_tma_map_4d(map, base, p.dtype, dims, strides, box);
   };
-  CUtensorMap mq, mk, mv;
+  CUtensorMap mq, mk, mv, mo;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
   const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
   FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
@@ -550,6 +650,14 @@ fa_status launch_kernel(const AttentionParams& p) {
                               p.k_batch_stride, K::kBlockN));
   FA_RETURN_IF_ERROR(make_map(&mv, p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride,
                               p.v_batch_stride, K::kBlockN));
+  // O, 64 rows per box (one consumer warpgroup's rows); only where the
+  // kernel stores through TMA (not varlen), else an unused copy of Q's map.
+  if (K::kOTma && !varlen) {
+    FA_RETURN_IF_ERROR(make_map(&mo, p.out, rows_q, p.heads_q, p.o_row_stride, p.o_head_stride,
+                                p.o_batch_stride, 64));
+  } else {
+    mo = mq;
+  }
 
   FwdArgs a;
   a.num_m_blocks = (p.seqlen_q + K::kBlockM - 1) / K::kBlockM;
@@ -583,15 +691,26 @@ fa_status launch_kernel(const AttentionParams& p) {
   // where ranks fall in cost across a pair of rounds. (With one head per group
   // at hdim 256, 16k, causal, a round spanned two groups: 416 TFLOP/s.) What
   // must stay in L2 is then the band of keys the group's CTAs walk in step.
-  const int min_group = (2 * grid + a.num_m_blocks - 1) / a.num_m_blocks;
+  const int rounds_per_group = Tune::kTightGroups && !p.has_mask() ? 1 : 2;
+  const int min_group = (rounds_per_group * grid + a.num_m_blocks - 1) / a.num_m_blocks;
   int group = fit >= num_bh ? num_bh : static_cast<int>(fit);
+  // NOTES (kTightGroups, unmasked only): the smallest group that spans one
+  // round (every tile costs the same, so the snake has nothing to even out)
+  // rather than as many heads as half the L2 holds. The CTAs of a round then
+  // share fewer heads, each head's K/V is walked by more CTAs at once, and
+  // fewer loads miss L2 (hdim 128, 2k, non-causal, 25-head groups: 481 MB
+  // read from DRAM vs cuDNN's 201, ncu). Measured +3-4% at 2k/4k. With a
+  // mask the smallest two-round group lost 6-19% at 2k (d128 / d64 causal):
+  // a round then straddles two groups and the snake's pairing of heavy and
+  // light tiles breaks (as in the hdim 256 note above).
+  if (Tune::kTightGroups && !p.has_mask() && group > min_group) group = min_group;
   if (group < min_group) group = min_group;
   a.group_heads = group < num_bh ? group : num_bh;
 
   auto kernel = forward_kernel<D, T, C>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
-  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mk, mv, p, a);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mk, mv, mo, p, a);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward launch: ") + cudaGetErrorString(err));
   return FA_OK;

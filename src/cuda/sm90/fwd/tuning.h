@@ -24,6 +24,25 @@
 //   kPingPong  the two consumer warpgroups take turns issuing their GEMMs
 //             (named barriers), so one warpgroup's softmax overlaps the other's
 //             GEMMs (FA3's inter-warpgroup ping-pong).
+//   kEarlyQ   with two Q buffers, the producer requests the next tile's Q
+//             after the current tile's first kStages - 1 K/V tiles instead
+//             of after all of them (kernel.cuh says why that never waits).
+//   kOTma     epilogue through shared memory and a TMA store (not varlen),
+//             where there is room for a 64 x d staging buffer per consumer
+//             warpgroup (d = 64, 128; d = 192 / 256 use all of the 227 KB).
+//   kTightGroups  (off) the tile order's head groups as small as the rounds
+//             they must span, without a mask (launch_kernel in kernel.cuh).
+// Measured in one process against the kernel before them (bf16, H100, the A/B
+// run of bench/results/2026-11-22-h100-forward-sm90-round2.md; median of 3
+// interleaved timings): kEarlyQ + kOTma (shipped) / before at d128
+// 2k/4k/8k/16k 1.02/1.02/1.06/1.03 non-causal, 1.06/1.00/1.01/1.01 causal.
+// One at a time (the other two on): kOTma 1.01/1.01/1.02/0.98 and
+// 1.02/1.03/1.01/1.02, kEarlyQ 0.99/1.00/1.01/0.97 and 1.00/1.02/1.05/1.00
+// (no effect beyond the spread: builds with the same d256 kernel differed by
+// up to 4% in that run; kept because it is part of the build that was tested
+// and timed); kTightGroups 1.03/1.03/0.99/0.98 non-causal, but 0.94 at d128
+// causal 2k and 0.81 at d64 causal 2k: unmasked runs only, and off until that
+// combination has been run on the GPU.
 // The FLASHATTN_SM90_* macros exist only so the benchmark can build the
 // variants that docs/perf-notes.md compares; the defaults are the shipped ones.
 #pragma once
@@ -58,6 +77,15 @@
 #ifndef FLASHATTN_SM90_QSTAGES_128
 #define FLASHATTN_SM90_QSTAGES_128 2
 #endif
+#ifndef FLASHATTN_SM90_O_TMA
+#define FLASHATTN_SM90_O_TMA 1
+#endif
+#ifndef FLASHATTN_SM90_TIGHT_GROUPS
+#define FLASHATTN_SM90_TIGHT_GROUPS 0
+#endif
+#ifndef FLASHATTN_SM90_EARLY_Q
+#define FLASHATTN_SM90_EARLY_Q 1
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -87,6 +115,9 @@ struct ForwardTuning<64> {
   static constexpr int kCausalConsumers = FLASHATTN_SM90_CAUSAL_CONSUMERS_64;
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -103,6 +134,9 @@ struct ForwardTuning<128> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -118,6 +152,9 @@ struct ForwardTuning<192> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 
@@ -135,6 +172,9 @@ template <>
 struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
+  static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+  static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
 

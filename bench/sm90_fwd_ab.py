@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A/B of several builds of libflashattn in ONE process, interleaved, with the anchors.
+
+Each NAME=PATH loads its own copy of the library (a separate instance of the ctypes
+binding), so variants built with different FLASHATTN_SM90_* macros (src/cuda/sm90/fwd/tuning.h)
+are timed on the same GPU state: for every shape the variants and torch SDPA's FA2 / cuDNN
+run in turn, `--rounds` times (the order rotates by round), and the table gives each one's
+median. Shapes and FLOPs as bench/bench_attention.py (16k tokens, hidden 2048, bf16).
+
+  PYTHONPATH=python python3 bench/sm90_fwd_ab.py main=a/libflashattn.so new=b/libflashattn.so \\
+      --hdims 128 --seqlens 2048,16384 --masks none,causal
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import triton.testing
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def load_binding(name, path):
+    """A private instance of flashattn._capi bound to the library at `path`."""
+    pkg = importlib.util.find_spec("flashattn").submodule_search_locations[0]  # not imported
+    src = os.path.join(pkg, "_capi.py")
+    os.environ["FLASHATTN_LIBRARY"] = os.path.abspath(path)
+    spec = importlib.util.spec_from_file_location(f"_capi_{name}", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.library()
+    return mod
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("libs", nargs="+", help="NAME=path/to/libflashattn.so")
+    ap.add_argument("--hdims", default="128")
+    ap.add_argument("--seqlens", default="2048,4096,8192,16384")
+    ap.add_argument("--masks", default="none,causal")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=150, help="do_bench rep (ms) per timing")
+    ap.add_argument("--no-anchors", action="store_true")
+    args = ap.parse_args()
+    libs = [tuple(x.split("=", 1)) for x in args.libs]
+    bind = {n: load_binding(n, p) for n, p in libs}
+    names = [n for n, _ in libs] + ([] if args.no_anchors else ["fa2", "cudnn"])
+    first = libs[0][0]
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, cuDNN "
+          f"{torch.backends.cudnn.version()}; commits: " +
+          ", ".join(f"{n}={bind[n].build_commit()}" for n, _ in libs), flush=True)
+    hdr = ("| hdim | mask | seqlen | " + " | ".join(names) + " | " +
+           " | ".join(f"{n}/{first}" for n, _ in libs[1:]) +
+           ("" if args.no_anchors else " | " + " | ".join(f"{n}/cuDNN" for n, _ in libs)) +
+           " | max diff vs " + first + " |")
+    print(hdr + "\n|" + "---|" * (hdr.count("|") - 1), flush=True)
+    for d in (int(x) for x in args.hdims.split(",")):
+        for mask in args.masks.split(","):
+            causal = mask == "causal"
+            for s in (int(x) for x in args.seqlens.split(",")):
+                h, b = HIDDEN // d, TOKENS // s
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v = (torch.randn((b, s, h, d), device="cuda", dtype=torch.bfloat16, generator=g)
+                           for _ in range(3))
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                outs = {n: torch.full_like(q, float("nan")) for n, _ in libs}
+                lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+                fns = {}
+                for n, _ in libs:
+                    fns[n] = (lambda m=bind[n], o=outs[n]: m.forward(q, k, v, o, lse, causal=causal))
+                for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    def sdpa(be=be):
+                        with sdpa_kernel(be):
+                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    fns[n] = sdpa
+                times = {n: [] for n in names}
+                for r in range(args.rounds):
+                    order = names[r % len(names):] + names[:r % len(names)]
+                    for n in order:
+                        times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=args.rep,
+                                                                return_mode="median"))
+                f = 4.0 * b * h * s * s * d / (2 if causal else 1)
+                tf = {n: f / (statistics.median(times[n]) * 1e-3) / 1e12 for n in names}
+                diff = max((outs[n].float() - outs[first].float()).abs().max().item() for n, _ in libs)
+                cells = [f"{tf[n]:.0f}" for n in names]
+                cells += [f"{tf[n] / tf[first]:.3f}" for n, _ in libs[1:]]
+                if not args.no_anchors:
+                    cells += [f"{tf[n] / tf['cudnn']:.2f}" for n, _ in libs]
+                print(f"| {d} | {mask} | {s} | " + " | ".join(cells) + f" | {diff:.1e} |", flush=True)
+                del fns, outs, q, k, v
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
