@@ -60,4 +60,19 @@ fa_status make_tma_map_4d(CUtensorMap* map, const void* base, fa_dtype dtype,
   return FA_OK;
 }
 
+fa_status make_attention_map(CUtensorMap* map, const AttentionParams& p, const AttentionTensor& t,
+                             int cols, uint32_t box_rows) {
+  const bool varlen = p.is_varlen();
+  const uint64_t dims[4] = {static_cast<uint64_t>(cols), static_cast<uint64_t>(t.rows),
+                            static_cast<uint64_t>(t.heads), static_cast<uint64_t>(varlen ? 1 : p.batch)};
+  // A size-1 dimension's stride is irrelevant but must be a valid (16-byte
+  // multiple, non-zero) value: use the row stride there.
+  const int64_t hs = t.heads == 1 ? t.row_stride : t.head_stride;
+  const int64_t bs = (varlen || p.batch == 1) ? t.row_stride : t.batch_stride;
+  const uint64_t strides[3] = {static_cast<uint64_t>(t.row_stride) * 2, static_cast<uint64_t>(hs) * 2,
+                               static_cast<uint64_t>(bs) * 2};
+  const uint32_t box[4] = {64, box_rows, 1, 1};
+  return make_tma_map_4d(map, t.base, p.dtype, dims, strides, box);
+}
+
 }  // namespace flashattn::cuda::sm90

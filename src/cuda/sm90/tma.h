@@ -19,6 +19,20 @@ fa_status make_tma_map_4d(CUtensorMap* map, const void* base, fa_dtype dtype,
                           const uint64_t dims[4], const uint64_t strides_bytes[3],
                           const uint32_t box[4]);
 
+// A map over one of the attention tensors q, k, v, out, dout (16-bit, row
+// stride in elements): (cols, rows, heads, batch) with boxes of 64 columns x
+// box_rows rows, 128B-swizzled. cols may be less than the kernel's head dim:
+// TMA zero-fills the box columns past it. Variable-length batches pack every
+// sequence's rows into one: rows = all tokens, batch 1.
+struct AttentionTensor {
+  const void* base;
+  int64_t rows;
+  int heads;
+  int64_t row_stride, head_stride, batch_stride;  // elements
+};
+fa_status make_attention_map(CUtensorMap* map, const AttentionParams& p, const AttentionTensor& t,
+                             int cols, uint32_t box_rows);
+
 #if defined(__CUDACC__)
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

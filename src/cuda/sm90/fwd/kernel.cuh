@@ -626,20 +626,11 @@ fa_status launch_kernel(const AttentionParams& p) {
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
   // d is the real head dim: TMA zero-fills the box columns past it.
-  // A size-1 dimension's stride is irrelevant but must be a valid (16-byte
-  // multiple, non-zero) value: use the row stride there.
   auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
                       int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                       uint32_t box_rows) {
-    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(rows),
-                              static_cast<uint64_t>(heads),
-                              static_cast<uint64_t>(varlen ? 1 : p.batch)};
-    const int64_t hs = heads == 1 ? row_stride : head_stride;
-    const int64_t bs = (varlen || p.batch == 1) ? row_stride : batch_stride;
-    const uint64_t strides[3] = {static_cast<uint64_t>(row_stride) * 2,
-                                 static_cast<uint64_t>(hs) * 2, static_cast<uint64_t>(bs) * 2};
-    const uint32_t box[4] = {64, box_rows, 1, 1};
-    return make_tma_map_4d(map, base, p.dtype, dims, strides, box);
+    return make_attention_map(map, p, {base, rows, heads, row_stride, head_stride, batch_stride},
+                              p.head_dim, box_rows);
   };
   CUtensorMap mq, mk, mv, mo;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
