@@ -6,6 +6,7 @@
 set -euo pipefail
 build="${1:?usage: pack_gpu_build.sh BUILD_DIR OUT.tar.xz}"
 dest="${2:?usage: pack_gpu_build.sh BUILD_DIR OUT.tar.xz}"
+dest="$(cd "$(dirname "$dest")" && pwd)/$(basename "$dest")"
 cd "$build"
 files=(libflashattn.so tools/flashattn)
 for t in tests/test_*; do
