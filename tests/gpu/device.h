@@ -40,6 +40,15 @@ inline bool device_is_sm90() {
     if (!device_is_sm90()) GTEST_SKIP() << "not a compute capability 9.0 GPU";  \
   } while (0)
 
+// A call's status and then the device's: the call was accepted and its kernels
+// ran to completion without a device error.
+inline ::testing::AssertionResult call_completed(fa_status s) {
+  if (s != FA_OK) return ::testing::AssertionFailure() << fa_status_string(s) << ": " << fa_last_error();
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return ::testing::AssertionFailure() << "sync: " << cudaGetErrorString(e);
+  return ::testing::AssertionSuccess();
+}
+
 struct CudaFree {
   void operator()(void* p) const { cudaFree(p); }
 };

@@ -14,6 +14,7 @@
 #include "common/suites.h"
 #include "core/dtype.h"
 #include "device.h"
+#include "forward_check.h"
 
 namespace flashattn::testing {
 namespace {
@@ -27,10 +28,6 @@ const bool kForceSm80 = [] {
   return true;
 }();
 
-struct ForwardRun {
-  HostTensor out, lse;
-};
-
 // Runs the CUDA forward on device copies of the problem's inputs, outputs
 // poisoned with NaN, and brings the results back.
 ::testing::AssertionResult run_cuda_forward(const Problem& p, bool with_lse, ForwardRun& r) {
@@ -42,9 +39,7 @@ struct ForwardRun {
   const fa_options o = d.options();
   const fa_status s = fa_forward(&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc,
                                  with_lse ? &dlse.desc : nullptr, d.varlen_ptr(), &o);
-  if (s != FA_OK) return ::testing::AssertionFailure() << fa_status_string(s) << ": " << fa_last_error();
-  const cudaError_t e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
+  if (auto done = call_completed(s); !done) return done;
   r.out = dout.download(out);
   r.lse = dlse.download(lse);
   return ::testing::AssertionSuccess();
@@ -57,11 +52,7 @@ TEST_P(CudaForward, MatchesFloat64Reference) {
   const Problem p = make_problem(GetParam());
   ForwardRun r;
   ASSERT_TRUE(run_cuda_forward(p, true, r));
-  const Expected e = expected_forward(p);
-  const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
-  EXPECT_TRUE(co.ok) << co.describe("out");
-  const Comparison cl = compare_lse(r.lse, e.exact.lse, e.naive.lse, 1e-4);
-  EXPECT_TRUE(cl.ok) << cl.describe("lse");
+  expect_forward_matches_reference(p, r);
 }
 
 // Same inputs twice: bitwise the same output and lse (no races, no

@@ -79,9 +79,7 @@ enum class Path { kSm90Direct, kPublicApi };
     s = fa_backward(&d.q.desc, &d.k.desc, &d.v.desc, &out.desc, &d.dout.desc, &lse.desc, &dq.desc,
                     &dk.desc, &dv.desc, d.varlen_ptr(), &o, nullptr, 0);
   }
-  if (s != FA_OK) return ::testing::AssertionFailure() << fa_status_string(s) << ": " << fa_last_error();
-  const cudaError_t e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
+  if (auto done = call_completed(s); !done) return done;
   g->dq = dq.download(p.poisoned_like_q());
   g->dk = dk.download(p.poisoned_like_k());
   g->dv = dv.download(p.poisoned_like_k());

@@ -17,13 +17,10 @@
 #include "core/validate.h"
 #include "cuda/sm90/fwd/api.h"
 #include "device.h"
+#include "forward_check.h"
 
 namespace flashattn::testing {
 namespace {
-
-struct ForwardRun {
-  HostTensor out, lse;
-};
 
 enum class Path { kSm90Direct, kPublicApi };
 
@@ -48,9 +45,7 @@ enum class Path { kSm90Direct, kPublicApi };
     s = fa_forward(&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc, with_lse ? &dlse.desc : nullptr,
                    d.varlen_ptr(), &o);
   }
-  if (s != FA_OK) return ::testing::AssertionFailure() << fa_status_string(s) << ": " << fa_last_error();
-  const cudaError_t e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
+  if (auto done = call_completed(s); !done) return done;
   r.out = dout.download(out);
   r.lse = dlse.download(lse);
   return ::testing::AssertionSuccess();
@@ -63,11 +58,7 @@ TEST_P(Sm90Forward, MatchesFloat64Reference) {
   const Problem p = make_problem(GetParam());
   ForwardRun r;
   ASSERT_TRUE(run_forward(p, true, Path::kSm90Direct, r));
-  const Expected e = expected_forward(p);
-  const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
-  EXPECT_TRUE(co.ok) << co.describe("out");
-  const Comparison cl = compare_lse(r.lse, e.exact.lse, e.naive.lse, 1e-4);
-  EXPECT_TRUE(cl.ok) << cl.describe("lse");
+  expect_forward_matches_reference(p, r);
 }
 
 // Same inputs twice: bitwise the same output and lse; the lse-less run writes
