@@ -7,6 +7,8 @@
 # parts (default "tests sanitize"): any of
 #   tests     every GPU test binary; the sm80 suites again with FLASHATTN_DISABLE_SM90=1
 #   sanitize  compute-sanitizer memcheck / racecheck / synccheck on small subsets
+#   python    python/tests with pytest against this build's library (the torch ops on the GPU:
+#             SDPA float64 comparisons, autograd, torch.compile, opcheck)
 #   cli       `flashattn bench --protocol --backward` (the CLI's own fp64-checked sweep)
 #   bench     bench/bench_attention.py, the anchors' protocol against torch FA2 and cuDNN in the
 #             same process: forward (Hopper path), forward --sm80, backward (+ deterministic);
@@ -88,6 +90,12 @@ if has sanitize; then
     echo "$name: exit $rc$note $(summary "$out/$name.log")"
     [ "$rc" = 0 ] || [ -n "$note" ] || status=1
   done
+fi
+
+if has python; then
+  FLASHATTN_LIBRARY="$src/libflashattn.so" PYTHONPATH="$repo/python" run_logged pytest \
+    "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "$repo/python/tests"
+  tail -3 "$out/pytest.log"
 fi
 
 if has cli; then
