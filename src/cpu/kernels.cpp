@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/numeric.h"
 #include "cpu/tiles.h"
 
 #define FA_ALWAYS_INLINE __attribute__((always_inline)) inline
@@ -103,8 +104,6 @@ FA_ALWAYS_INLINE void matmul_acc_p_b_blocked(const float* p, const float* b, int
 // and 2^f = e^(f ln 2) by its degree-6 Taylor polynomial (relative error
 // < 2e-7, below f32's own rounding of the inputs). Below 2^-126 (and for -inf,
 // the masked scores) the result is exactly 0.
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMinExponent = -126.0f;
 constexpr float kMaxExponent = 127.0f;
 

@@ -8,6 +8,7 @@
 
 #include "core/backends.h"
 #include "core/error.h"
+#include "core/numeric.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
@@ -109,7 +110,7 @@ fa_status backward(const AttentionParams& params) {
   ws.dq_sem = p.deterministic ? reinterpret_cast<int*>(base + w.row_d + w.dq_accum) : nullptr;
   ws.q_tiles = w.q_tiles;
   ws.accum_dim = w.accum_dim;
-  ws.scale_log2 = p.scale * 1.4426950408889634f;
+  ws.scale_log2 = p.scale * kLog2e;
   ws.inv_softcap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
 
   fa_status status = FA_OK;

@@ -52,14 +52,13 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "core/mask.h"
+#include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
 
 namespace flashattn::cuda::bwd {
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---------------------------------------------------------------- warp GEMM
 

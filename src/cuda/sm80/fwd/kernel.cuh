@@ -19,15 +19,13 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "core/mask.h"
+#include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
 #include "cuda/common/swizzle.h"
 #include "cuda/sm80/fwd/tuning.h"
 
 namespace flashattn::cuda::sm80 {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // How kThreads threads copy a swizzled [kRows][kCols] tile in 16-byte chunks.
 // NOTES: each thread keeps one chunk column and steps down kRowsPerPass rows at

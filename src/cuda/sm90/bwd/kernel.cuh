@@ -66,6 +66,7 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "core/mask.h"
+#include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/bwd/launch.h"
@@ -214,7 +215,6 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
 #if FLASHATTN_SM90_DEVICE
   using K = BwdTraits<D, T>;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-  constexpr float kLog2e = 1.4426950408889634f;
   // Deterministic mode dispatches the highest key tile first (see NOTES).
   const int n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int hk = blockIdx.y, b = blockIdx.z;

@@ -36,6 +36,7 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "core/mask.h"
+#include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/fwd/launch.h"
@@ -656,7 +657,6 @@ fa_status launch_kernel(const AttentionParams& p) {
   if (tiles == 0) return FA_OK;
   if (tiles > (1ll << 30)) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: too many tiles");
   a.num_tiles = static_cast<int>(tiles);
-  constexpr float kLog2e = 1.4426950408889634f;
   if (p.softcap > 0.0f) {
     a.softcap_in = p.scale / p.softcap;
     a.logit_scale = p.softcap;
