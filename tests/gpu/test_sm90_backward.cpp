@@ -15,7 +15,6 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "core/validate.h"
-#include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
 #include "cuda/sm90/bwd/api.h"
 #include "backward_check.h"
@@ -48,28 +47,14 @@ enum class Path { kSm90Direct, kPublicApi };
   if (path == Path::kSm90Direct) {
     if (!cuda::sm90::supports_backward(params))
       return ::testing::AssertionFailure() << "sm90::supports_backward said no";
-    // The sm80 workspace (api.cu's plan): D rows, the dQ accumulator, and in
-    // deterministic mode one zeroed counter per (sequence, query head, query tile).
-    const size_t rows = static_cast<size_t>(params.heads_q) * params.total_q;
-    const size_t d_bytes = (rows * sizeof(float) + 255) / 256 * 256;
-    const size_t acc_bytes = (rows * params.head_dim * sizeof(float) + 255) / 256 * 256;
-    const int block_m = params.head_dim == 64 ? cuda::bwd::Config<64>::kBlockM : cuda::bwd::Config<128>::kBlockM;
-    const int q_tiles = (params.seqlen_q + block_m - 1) / block_m;
-    const size_t sem_bytes = deterministic ? static_cast<size_t>(params.batch) * params.heads_q * q_tiles * sizeof(int) : 0;
-    ws_mem = device_alloc(d_bytes + acc_bytes + sem_bytes + 256);
-    cudaMemset(ws_mem.get(), 0xff, d_bytes + acc_bytes);
-    unsigned char* base = static_cast<unsigned char*>(ws_mem.get());
-    cuda::bwd::Workspace ws;
-    ws.row_d = reinterpret_cast<float*>(base);
-    ws.dq_accum = reinterpret_cast<float*>(base + d_bytes);
-    if (deterministic) {
-      ws.dq_sem = reinterpret_cast<int*>(base + d_bytes + acc_bytes);
-      ws.q_tiles = q_tiles;
-      cudaMemset(ws.dq_sem, 0, sem_bytes);
-    }
-    ws.accum_dim = params.head_dim;
-    ws.scale_log2 = params.scale * 1.4426950408889634f;
-    ws.inv_softcap = params.softcap > 0.0f ? params.scale / params.softcap : 0.0f;
+    // The workspace fa_backward would use (sm80/bwd/api.cu's plan): D rows and
+    // the dQ accumulator poisoned (the pre-pass must write them), the
+    // deterministic mode's semaphores zeroed.
+    const cuda::bwd::WorkspacePlan plan = cuda::bwd::plan_workspace(params);
+    ws_mem = device_alloc(plan.total());
+    cudaMemset(ws_mem.get(), 0xff, plan.row_d + plan.dq_accum);
+    const cuda::bwd::Workspace ws = cuda::bwd::carve_workspace(params, plan, ws_mem.get());
+    if (deterministic) cudaMemset(ws.dq_sem, 0, plan.sem);
     const bool bf16 = params.dtype == FA_BF16;
     s = bf16 ? cuda::bwd::run_prepass<__nv_bfloat16>(params, ws) : cuda::bwd::run_prepass<__half>(params, ws);
     if (s == FA_OK) s = cuda::sm90::run_backward(params, ws);

@@ -20,12 +20,6 @@ namespace {
 constexpr size_t kAlign = 256;  // every workspace region starts 256-byte aligned
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-struct WorkspacePlan {
-  size_t row_d = 0, dq_accum = 0, sem = 0;  // byte sizes (aligned)
-  int accum_dim = 0, q_tiles = 0;
-  size_t total() const { return row_d + dq_accum + sem; }
-};
-
 int block_m(int kernel_dim) {
   switch (kernel_dim) {
     case 32: return bwd::Config<32>::kBlockM;
@@ -36,20 +30,6 @@ int block_m(int kernel_dim) {
     case 192: return bwd::Config<192>::kBlockM;
     default: return bwd::Config<256>::kBlockM;
   }
-}
-
-WorkspacePlan plan(const AttentionParams& p) {
-  WorkspacePlan w;
-  w.accum_dim = bwd::kernel_head_dim(p.head_dim);
-  const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_q);
-  w.row_d = align_up(rows * sizeof(float));
-  w.dq_accum = align_up(rows * w.accum_dim * sizeof(float));
-  if (p.deterministic) {
-    const int bm = block_m(w.accum_dim);
-    w.q_tiles = (p.seqlen_q + bm - 1) / bm;
-    w.sem = align_up(static_cast<size_t>(p.batch) * p.heads_q * w.q_tiles * sizeof(int));
-  }
-  return w;
 }
 
 template <typename T>
@@ -85,12 +65,43 @@ fa_status device_error(cudaError_t err, const char* what) {
 
 }  // namespace
 
-size_t backward_workspace_size(const AttentionParams& p) { return plan(p).total(); }
+namespace bwd {
+
+WorkspacePlan plan_workspace(const AttentionParams& p) {
+  WorkspacePlan w;
+  w.accum_dim = kernel_head_dim(p.head_dim);
+  const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_q);
+  w.row_d = align_up(rows * sizeof(float));
+  w.dq_accum = align_up(rows * w.accum_dim * sizeof(float));
+  if (p.deterministic) {
+    const int bm = block_m(w.accum_dim);
+    w.q_tiles = (p.seqlen_q + bm - 1) / bm;
+    w.sem = align_up(static_cast<size_t>(p.batch) * p.heads_q * w.q_tiles * sizeof(int));
+  }
+  return w;
+}
+
+Workspace carve_workspace(const AttentionParams& p, const WorkspacePlan& w, void* base) {
+  unsigned char* bytes = static_cast<unsigned char*>(base);
+  Workspace ws;
+  ws.row_d = reinterpret_cast<float*>(bytes);
+  ws.dq_accum = reinterpret_cast<float*>(bytes + w.row_d);
+  ws.dq_sem = p.deterministic ? reinterpret_cast<int*>(bytes + w.row_d + w.dq_accum) : nullptr;
+  ws.q_tiles = w.q_tiles;
+  ws.accum_dim = w.accum_dim;
+  ws.scale_log2 = p.scale * kLog2e;
+  ws.inv_softcap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
+  return ws;
+}
+
+}  // namespace bwd
+
+size_t backward_workspace_size(const AttentionParams& p) { return bwd::plan_workspace(p).total(); }
 
 fa_status backward(const AttentionParams& params) {
   DeviceGuard guard(params.device_index);
   AttentionParams p = params;
-  const WorkspacePlan w = plan(p);
+  const bwd::WorkspacePlan w = bwd::plan_workspace(p);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   void* owned = nullptr;
   unsigned char* base = static_cast<unsigned char*>(p.workspace);
@@ -104,14 +115,7 @@ fa_status backward(const AttentionParams& params) {
     }
     base = static_cast<unsigned char*>(owned);
   }
-  bwd::Workspace ws;
-  ws.row_d = reinterpret_cast<float*>(base);
-  ws.dq_accum = reinterpret_cast<float*>(base + w.row_d);
-  ws.dq_sem = p.deterministic ? reinterpret_cast<int*>(base + w.row_d + w.dq_accum) : nullptr;
-  ws.q_tiles = w.q_tiles;
-  ws.accum_dim = w.accum_dim;
-  ws.scale_log2 = p.scale * kLog2e;
-  ws.inv_softcap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
+  const bwd::Workspace ws = bwd::carve_workspace(p, w, base);
 
   fa_status status = FA_OK;
   if (p.deterministic && w.sem > 0) {

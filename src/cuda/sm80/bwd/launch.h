@@ -1,6 +1,7 @@
 // What the sm80 backward's pieces provide to its dispatcher (api.cu).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/params.h"
@@ -19,6 +20,18 @@ struct Workspace {
   float scale_log2 = 0.0f;
   float inv_softcap = 0.0f;
 };
+
+// Byte sizes of the workspace regions of one call (each 256-byte aligned):
+// D rows, the f32 dQ accumulator and, in deterministic mode, the semaphores.
+struct WorkspacePlan {
+  size_t row_d = 0, dq_accum = 0, sem = 0;
+  int accum_dim = 0, q_tiles = 0;
+  size_t total() const { return row_d + dq_accum + sem; }
+};
+WorkspacePlan plan_workspace(const AttentionParams& p);
+// The regions of `base` (plan.total() bytes) and the per-call constants; the
+// caller zeroes the semaphores (plan.sem bytes at ws.dq_sem) before each call.
+Workspace carve_workspace(const AttentionParams& p, const WorkspacePlan& plan, void* base);
 
 // Main kernel for one kernel head dim and dtype (T = __half or __nv_bfloat16).
 template <int D, typename T>
