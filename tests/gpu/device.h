@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "common/harness.h"
@@ -47,6 +48,13 @@ inline ::testing::AssertionResult call_completed(fa_status s) {
   const cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) return ::testing::AssertionFailure() << "sync: " << cudaGetErrorString(e);
   return ::testing::AssertionSuccess();
+}
+
+// FLASHATTN_SM90_TEST_SMALL=1: the sm90 suites keep only a few cases (for
+// compute-sanitizer runs).
+inline bool sanitizer_subset_only() {
+  const char* v = std::getenv("FLASHATTN_SM90_TEST_SMALL");
+  return v != nullptr && v[0] == '1';
 }
 
 struct CudaFree {

@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "common/harness.h"
@@ -89,16 +88,10 @@ TEST_P(Sm90Backward, MatchesFloat64Reference) {
   expect_matches_reference(p, g);
 }
 
-// FLASHATTN_SM90_TEST_SMALL=1 keeps only a few cases (for compute-sanitizer).
-bool small_only() {
-  const char* v = std::getenv("FLASHATTN_SM90_TEST_SMALL");
-  return v != nullptr && v[0] == '1';
-}
-
 std::vector<Case> sm90_suite() {
   std::vector<Case> cases;
   uint64_t seed = 7000;
-  if (small_only()) {
+  if (sanitizer_subset_only()) {
     for (int d : {64, 128, 256}) {
       Case c = make_case(FA_BF16, 150, 200, d, seed++);
       c.causal = true;

@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "common/harness.h"
@@ -74,22 +73,15 @@ TEST_P(Sm90Forward, BitwiseStableAndDispatched) {
   EXPECT_EQ(a.out.bytes, b.out.bytes);
   EXPECT_EQ(a.lse.bytes, b.lse.bytes);
   EXPECT_EQ(a.out.bytes, c.out.bytes);
-  const char* off = std::getenv("FLASHATTN_DISABLE_SM90");
-  if (off == nullptr || off[0] == '\0' || (off[0] == '0' && off[1] == '\0')) {
+  if (!cuda::sm90::disabled_by_env()) {
     ASSERT_TRUE(run_forward(p, true, Path::kPublicApi, api));
     EXPECT_EQ(a.out.bytes, api.out.bytes);
     EXPECT_EQ(a.lse.bytes, api.lse.bytes);
   }
 }
 
-// FLASHATTN_SM90_TEST_SMALL=1 keeps only a few cases (for compute-sanitizer).
-bool small_only() {
-  const char* v = std::getenv("FLASHATTN_SM90_TEST_SMALL");
-  return v != nullptr && v[0] == '1';
-}
-
 std::vector<Case> sm90_suite() {
-  if (small_only()) {
+  if (sanitizer_subset_only()) {
     std::vector<Case> cases;
     uint64_t seed = 500;
     for (int d : {40, 64, 96, 128, 192, 256}) {

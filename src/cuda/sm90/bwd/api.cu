@@ -26,8 +26,8 @@ bool supports_backward(const AttentionParams& p) {
 }
 
 bool can_run_backward(const AttentionParams& p) {
-  // FLASHATTN_DISABLE_SM90 is read by can_run_forward (same rule for both).
-  return supports_backward(p) && can_run_forward(p);
+  // supports_backward already asks supports_forward (device and tensors).
+  return !disabled_by_env() && supports_backward(p);
 }
 
 fa_status run_backward(const AttentionParams& p, const bwd::Workspace& ws) {

@@ -15,7 +15,7 @@ namespace flashattn::cuda::sm90 {
 // deterministic with varlen or at d 256).
 bool supports_backward(const AttentionParams& p);
 
-// supports_backward(p), unless FLASHATTN_DISABLE_SM90 is set to a non-zero value.
+// supports_backward(p), unless disabled_by_env() (FLASHATTN_DISABLE_SM90).
 bool can_run_backward(const AttentionParams& p);
 
 // Launches the main kernel on p.stream, reading ws.row_d and adding into

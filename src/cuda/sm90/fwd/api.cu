@@ -12,11 +12,6 @@
 namespace flashattn::cuda::sm90 {
 namespace {
 
-bool disabled_by_env() {
-  const char* v = std::getenv("FLASHATTN_DISABLE_SM90");
-  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
-}
-
 bool is_sm90(int device) {
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
@@ -29,6 +24,11 @@ bool is_sm90(int device) {
 }
 
 }  // namespace
+
+bool disabled_by_env() {
+  const char* v = std::getenv("FLASHATTN_DISABLE_SM90");
+  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
 
 bool supports_forward(const AttentionParams& p) {
   if (p.dtype != FA_F16 && p.dtype != FA_BF16) return false;

@@ -12,8 +12,11 @@ namespace flashattn::cuda::sm90 {
 // this kernel handles (f16/bf16, head_dim a multiple of 8 up to 256, non-empty).
 bool supports_forward(const AttentionParams& p);
 
-// supports_forward(p), unless the environment variable FLASHATTN_DISABLE_SM90
-// is set to a non-zero value (forces the sm80 kernels: tests, benchmarks).
+// True when the environment variable FLASHATTN_DISABLE_SM90 is set to a
+// non-zero value: every call then runs the sm80 kernels (tests, benchmarks).
+bool disabled_by_env();
+
+// supports_forward(p), unless disabled_by_env().
 bool can_run_forward(const AttentionParams& p);
 
 // Launches on p.stream. FA_ERROR_UNSUPPORTED means "use the fallback".
