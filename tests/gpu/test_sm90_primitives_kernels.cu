@@ -31,6 +31,21 @@ __host__ __device__ inline int sw128_offset(int r, int c) {
   return r * 128 + ((((c * 2) / 16) ^ (r % 8)) * 16) + (c * 2) % 16;
 }
 
+#if FLASHATTN_SM90_DEVICE
+// Writes a warpgroup's m64nN f32 accumulator to row-major c[64][N]: warp w owns
+// rows 16w..16w+15; in each 8-column group i a thread holds rows lane/4 and
+// lane/4 + 8, columns 2*(lane%4) and 2*(lane%4) + 1.
+template <int N>
+__device__ __forceinline__ void store_accumulator(const float* d, float* c) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = 0; i < N / 8; ++i)
+    for (int e = 0; e < 4; ++e) {
+      const int row = warp * 16 + lane / 4 + 8 * (e >> 1), col = 8 * i + 2 * (lane % 4) + (e & 1);
+      c[row * N + col] = d[4 * i + e];
+    }
+}
+#endif
+
 // ------------------------------------------------------------------ TMA
 constexpr int kTD = 128, kTRows = 100, kTHeads = 3, kTBatch = 2, kTPad = 8;
 constexpr int kBoxRows = 64;
@@ -82,12 +97,7 @@ __global__ void wgmma_ss_kernel(const T* a, const T* b, float* c) {
   wgmma_commit();
   wgmma_wait<0>();
   fence_operands(d);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = 0; i < N / 8; ++i)
-    for (int e = 0; e < 4; ++e) {
-      const int row = warp * 16 + lane / 4 + 8 * (e >> 1), col = 8 * i + 2 * (lane % 4) + (e & 1);
-      c[row * N + col] = d[4 * i + e];
-    }
+  store_accumulator<N>(d, c);
 #endif
 }
 
@@ -125,11 +135,7 @@ __global__ void wgmma_rs_kernel(const T* a, const T* b, float* c) {
   wgmma_commit();
   wgmma_wait<0>();
   fence_operands(d);
-  for (int i = 0; i < N / 8; ++i)
-    for (int e = 0; e < 4; ++e) {
-      const int row = r0 + 8 * (e >> 1), col = 8 * i + c0 + (e & 1);
-      c[row * N + col] = d[4 * i + e];
-    }
+  store_accumulator<N>(d, c);
 #endif
 }
 
@@ -162,12 +168,7 @@ __global__ void wgmma_sstt_kernel(const T* a, const T* b, float* c) {
   wgmma_commit();
   wgmma_wait<0>();
   fence_operands(d);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = 0; i < N / 8; ++i)
-    for (int e = 0; e < 4; ++e) {
-      const int row = warp * 16 + lane / 4 + 8 * (e >> 1), col = 8 * i + 2 * (lane % 4) + (e & 1);
-      c[row * N + col] = d[4 * i + e];
-    }
+  store_accumulator<N>(d, c);
 #endif
 }
 
