@@ -37,6 +37,8 @@ template <int N, typename T>
 struct WgmmaRS;  // D(64xN) (+)= A(64x16, registers) * B(16xN, smem, MN-major)
 template <int N, typename T>
 struct WgmmaSSTT;  // D(64xN) (+)= A(64x16, smem, MN-major) * B(16xN, smem, MN-major)
+template <int N, typename T>
+struct WgmmaSST;  // D(64xN) (+)= A(64x16, smem, K-major) * B(16xN, smem, MN-major)
 
 #if defined(__CUDACC__)
 #include "cuda/sm90/wgmma_ops.inc"

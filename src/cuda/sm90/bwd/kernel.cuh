@@ -81,21 +81,22 @@ template <int D, typename T>
 struct BwdTraits {
   using Tune = BackwardTuning<D>;
   static constexpr int kConsumers = 2;
-  // Split-d mode (d 256): both consumers take the same 64 keys and each owns
-  // half of d for dK, dV and dQ (d/2 * 2 regs of dK + dV); S^T and dP^T are
-  // computed by both (7 GEMM units per tile instead of 5), and each keeps its
-  // own dS^T copy, so no barrier ties the two warpgroups together.
+  // Split-d mode (d 256): both consumers take the same 64 keys and split the
+  // work without repeating any of it: S^T and dP^T along the queries (kSN
+  // columns each), dK, dV and dQ along d (kDvN columns each: d/2 * 2 regs of
+  // dK + dV). P^T and dS^T go through shared memory, where each warpgroup
+  // reads the other's half; the wgmmas of dV and dK take them from there.
   static constexpr bool kSplitD = Tune::kSplitD;
   static constexpr int kBlockN = kSplitD ? 64 : 64 * kConsumers;  // keys per CTA
   static constexpr int kDvN = kSplitD ? D / 2 : D;  // dK/dV columns per consumer
   static constexpr int kBlockM = Tune::kBlockM;    // queries per tile
+  static constexpr int kSN = kSplitD ? kBlockM / 2 : kBlockM;  // S^T columns per consumer
   static constexpr int kStages = Tune::kStages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kColBlocks = D / 64;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kQBytes = kBlockM * D * 2;
-  // Two dS^T buffers: double-buffered (shared by both consumers), or in split-d
-  // mode one per consumer.
+  // dS^T (and in split-d mode P^T) tiles, double-buffered, shared by both consumers.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   // dQ = dS K split between the two consumers along queries (kBlockM 128) or
   // along d (kBlockM 64, split-d); each runs m64 x n kDqN wgmmas.
@@ -111,7 +112,8 @@ struct BwdTraits {
   static constexpr bool kDqTma = Tune::kDqTma;
   static constexpr int kDqBufs = kDqTma ? Tune::kDqBufs : 0;
   static constexpr int kDqBytes = kBlockM * D * 4;
-  static constexpr int kDqOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kPOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kDqOff = kPOff + (kSplitD ? 2 * kDsBytes : 0);
   static constexpr int kLseOff = kDqOff + kDqBufs * kDqBytes;
   static constexpr int kDOff = kLseOff + kStages * kBlockM * 4;
   static constexpr int kBarOff = kDOff + kStages * kBlockM * 4;
@@ -128,7 +130,8 @@ struct BwdTraits {
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
   static_assert(kDqN == 64 || kDqN == 128, "dQ wgmmas are m64n64 or m64n128 (WgmmaSSTT)");
-  static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM), "split-d: 64 x 64 tiles, dQ split along d");
+  static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM && !Tune::kEarlyDv),
+                "split-d: 64 x 64 tiles, dQ split along d, dV issued after the P^T exchange");
   static_assert(kDqBufs <= 2, "two dQ barrier pairs");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "tiles must stay 1024-byte aligned");
@@ -349,17 +352,19 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     const uint32_t q_base = smem_addr(smem + K::kQOff);
     const uint32_t do_base = smem_addr(smem + K::kDoOff);
     const uint32_t ds_base = smem_addr(smem + K::kDsOff);
+    const uint32_t p_base = smem_addr(smem + K::kPOff);
     const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
+    const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
     const uint32_t lse_base = smem_addr(s_lse), d_base = smem_addr(s_d);
     // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
     auto desc_kv_rows = [&](uint32_t base, int kk) {
       return make_smem_desc_sw128(base + (kk / 4) * kBlockN * 128 + key_off * 128 + (kk % 4) * 32,
                                   16, 1024);
     };
-    // B = the Q / dO tile, queries as N (K-major over d).
+    // B = this consumer's queries of the Q / dO tile as N (K-major over d).
     auto desc_qdo_rows = [&](uint32_t base, int s, int kk) {
-      return make_smem_desc_sw128(base + s * K::kQBytes + (kk / 4) * kBlockM * 128 + (kk % 4) * 32,
-                                  16, 1024);
+      return make_smem_desc_sw128(
+          base + s * K::kQBytes + (kk / 4) * kBlockM * 128 + q_col * 128 + (kk % 4) * 32, 16, 1024);
     };
     // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
     // consumer's kDvN columns), k-step kt.
@@ -378,6 +383,10 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     auto desc_k_mn = [&](int kt) {
       return make_smem_desc_sw128(k_base + dq_b_off + kt * 16 * 128, kBlockN * 128, 1024);
     };
+    // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
+    auto desc_t_rows = [&](uint32_t base, int buf, int kt) {
+      return make_smem_desc_sw128(base + buf * K::kDsBytes + kt * 32, 16, 1024);
+    };
 
     const float scale_log2 = ws.scale_log2;
     // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
@@ -391,34 +400,36 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     for (int it = 0; it < w.iters; ++it) {
       const int s = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
-      const int buf = K::kSplitD ? cw : it & 1;
+      const int buf = it & 1;
       const int h = hk * group + it / w.n_m;
       const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
       mbar_wait(&full[s], ph);
 
-      // S^T = K Q^T and dP^T = V dO^T (64 keys x kBlockM queries each), two
+      // S^T = K Q^T and dP^T = V dO^T (64 keys x kSN queries each), two
       // commit groups so that P can be computed while dP^T is still running.
-      float st[kBlockM / 2], dpt[kBlockM / 2];
+      constexpr int kSN = K::kSN;
+      float st[kSN / 2], dpt[kSN / 2];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kBlockM, T>::run(st, desc_kv_rows(k_base, kk), desc_qdo_rows(q_base, s, kk), kk > 0);
+        WgmmaSS<kSN, T>::run(st, desc_kv_rows(k_base, kk), desc_qdo_rows(q_base, s, kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kBlockM, T>::run(dpt, desc_kv_rows(v_base, kk), desc_qdo_rows(do_base, s, kk), kk > 0);
+        WgmmaSS<kSN, T>::run(dpt, desc_kv_rows(v_base, kk), desc_qdo_rows(do_base, s, kk), kk > 0);
       wgmma_commit();
 
       // Element e of accumulator tile i: key key_r + 8*(e>>1), query
-      // q0 + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
+      // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
       const bool full_tile = mask.tile_fully_visible(q0, q0 + kBlockM, w.k0, w.k0 + kBlockN);
-      auto lse_of = [&](int i) { return ld_shared_v2(lse_base + 4u * (s * kBlockM + 8 * i + 2 * quad)); };
-      auto d_of = [&](int i) { return ld_shared_v2(d_base + 4u * (s * kBlockM + 8 * i + 2 * quad)); };
+      const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
+      auto lse_of = [&](int i) { return ld_shared_v2(lse_base + row_off + 32u * i); };
+      auto d_of = [&](int i) { return ld_shared_v2(d_base + row_off + 32u * i); };
       // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
-      uint32_t pa[kBlockM / 16][4], da[kBlockM / 16][4];
-      auto to_frags = [&](const float (&acc)[kBlockM / 2], uint32_t (&f)[kBlockM / 16][4]) {
+      uint32_t pa[kSN / 16][4], da[kSN / 16][4];
+      auto to_frags = [&](const float (&acc)[kSN / 2], uint32_t (&f)[kSN / 16][4]) {
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt)
+        for (int kt = 0; kt < kSN / 16; ++kt)
 #pragma unroll
           for (int j = 0; j < 4; ++j) f[kt][j] = pack2<T>(acc[8 * kt + 2 * j], acc[8 * kt + 2 * j + 1]);
       };
@@ -428,7 +439,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(pa);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
         wgmma_commit();
       };
       auto issue_dk = [&]() {
@@ -436,7 +447,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(da);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
         wgmma_commit();
       };
 
@@ -449,7 +460,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       }
       fence_operands(st);
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
+      for (int i = 0; i < kSN / 8; ++i) {
         const float2 lse2 = lse_of(i);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -470,11 +481,11 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
           const int kj = w.k0 + key_r + 8 * r;
           const int lo = mask.query_begin(kj);
           const int hi = kj < seq.seqlen_k ? min(mask.query_end(kj + 1), seq.seqlen_q) : lo;
-          rel_lo[r] = lo - q0 - 2 * quad;
+          rel_lo[r] = lo - q0 - q_col - 2 * quad;
           count[r] = max(hi - lo, 0);
         }
 #pragma unroll
-        for (int i = 0; i < kBlockM / 8; ++i)
+        for (int i = 0; i < kSN / 8; ++i)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = e >> 1;
@@ -482,7 +493,26 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
             st[4 * i + e] = vis ? st[4 * i + e] : 0.0f;
           }
       }
-      if constexpr (K::Tune::kEarlyDv) {
+      // dS^T (or P^T) -> shared memory [key][query], 128B-swizzled (chunk ^=
+      // row % 8): fragment f[kt][j] is accumulator tile i = 2kt + (j >> 1), key
+      // row key_r + 8 * (j & 1), queries q_col + 8i + 2*quad, +1.
+      auto store_t = [&](uint32_t base, const uint32_t (&f)[kSN / 16][4]) {
+        const uint32_t rowb = base + buf * K::kDsBytes + key_r * 128 + quad * 4;
+        const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
+#pragma unroll
+        for (int kt = 0; kt < kSN / 16; ++kt) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int i = q_col / 8 + 2 * kt + (j >> 1);
+            st_shared_b32(rowb + (i / 8) * (kBlockN * 128) + (j & 1) * 1024 + ((i % 8) ^ swz) * 16, f[kt][j]);
+          }
+        }
+      };
+      if constexpr (K::kSplitD) {
+        to_frags(st, pa);
+        store_t(p_base, pa);
+        wgmma_wait<0>();
+      } else if constexpr (K::Tune::kEarlyDv) {
         to_frags(st, pa);
         issue_dv();
         wgmma_wait<1>();  // dP^T done (dV may still run)
@@ -491,13 +521,15 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       }
       fence_operands(dpt);
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
+      for (int i = 0; i < kSN / 8; ++i) {
         const float2 dd = d_of(i);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
       }
-      if constexpr (K::Tune::kEarlyDv) {
+      if constexpr (K::kSplitD) {
+        to_frags(dpt, da);
+      } else if constexpr (K::Tune::kEarlyDv) {
         to_frags(dpt, da);
         issue_dk();
       } else {
@@ -510,55 +542,46 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(da);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
 #pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
         wgmma_commit();
       }
 
-      // dS^T -> shared memory [key][query], 128B-swizzled (chunk ^= row % 8):
-      // fragment da[kt][j] is accumulator tile i = 2kt + (j >> 1), key row
-      // key_r + 8 * (j & 1), queries 8i + 2*quad, +1.
-      {
-        const uint32_t rowb = ds_base + buf * K::kDsBytes + key_r * 128 + quad * 4;
-        const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
-#pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int i = 2 * kt + (j >> 1);
-            st_shared_b32(rowb + (i / 8) * (kBlockN * 128) + (j & 1) * 1024 + ((i % 8) ^ swz) * 16,
-                          da[kt][j]);
-          }
-        }
-      }
+      store_t(ds_base, da);
       fence_proxy_async_smem();
-      if constexpr (!K::kSplitD) named_sync(K::kDsBarrier, 128 * K::kConsumers);
+      named_sync(K::kDsBarrier, 128 * K::kConsumers);
 
-      // dQ partial = dS K (this warpgroup's half), then into the accumulator.
-      if constexpr (K::kSplitD) {
-        // dQ's 64 accumulators (n128) do not fit beside dK, dV and the P/dS
-        // fragments still read by their wgmmas (ptxas C7512): finish those first.
-        wgmma_wait<0>();
-        fence_operands(dv);
-        fence_operands(dk);
-        fence_operands(pa);
-        fence_operands(da);
-      }
+      // dQ partial = dS K (this warpgroup's half), then into the accumulator;
+      // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
       float dq[K::kDqN / 2];
       wgmma_fence();
 #pragma unroll
       for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds(buf, kt), desc_k_mn(kt), kt > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (K::kSplitD) {
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt)
+          WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows(p_base, buf, kt), desc_qdo_mn(do_base, s, kt), 1);
+#pragma unroll
+        for (int kt = 0; kt < kBlockM / 16; ++kt)
+          WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows(ds_base, buf, kt), desc_qdo_mn(q_base, s, kt), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // dQ done; dV, dK run on under its write-out
+      } else {
+        wgmma_wait<0>();
+      }
       fence_operands(dq);
-      fence_operands(dv);
-      fence_operands(dk);
       fence_operands(pa);
       fence_operands(da);
-      // Q, dO, lse, D of stage s are no longer read.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
+      // Q, dO, lse, D of stage s are no longer read (split-d: once dV, dK are done).
+      auto release_stage = [&]() {
+        fence_operands(dv);
+        fence_operands(dk);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+      };
+      if constexpr (!K::kSplitD) release_stage();
 
       const int dq_row0 = (K::kDqSplitM ? cw * 64 : 0) + warp * 16 + lane / 4;
       const int dq_col0 = (K::kDqSplitM ? 0 : cw * K::kDqN) + 2 * quad;
@@ -596,6 +619,10 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
           for (int i = 0; i < K::kDqN / 8; ++i)
             red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
         }
+      }
+      if constexpr (K::kSplitD) {
+        wgmma_wait<0>();
+        release_stage();
       }
     }
 

@@ -92,15 +92,17 @@ struct BackwardTuning<128> {
 
 // NOTES: d 256: dK + dV of 64 keys x 256 are 256 regs per thread of one
 // warpgroup, so the split-d mode (kernel.cuh): 64 keys x 64 queries, each
-// consumer owns 128 columns of dK, dV (128 regs) and dQ; S^T + dP^T 64 regs
-// (computed by both). dQ by red.global: its f32 tile (64 KB) does not fit beside
-// K, V (64 KB), two Q/dO stages (128 KB) and dS^T (16 KB) = 208 KB, so no
-// deterministic mode here (sm80).
+// consumer computes S^T, dP^T for 32 of the queries (32 regs) and owns 128
+// columns of dK, dV (128 regs) and dQ (64 regs). P^T and dS^T are exchanged
+// through shared memory, so dV waits for that barrier (no kEarlyDv). dQ by
+// red.global: its f32 tile (64 KB) does not fit beside K, V (64 KB), two Q/dO
+// stages (128 KB), P^T and dS^T (2 x 16 KB) = 224 KB, so no deterministic mode
+// here (sm80).
 template <>
 struct BackwardTuning<256> {
   static constexpr bool kSplitD = true;
   static constexpr int kBlockM = 64, kStages = 2;
-  static constexpr bool kEarlyDv = true;
+  static constexpr bool kEarlyDv = false;
   static constexpr bool kOverlapP = true;
   static constexpr bool kDqTma = false;
   static constexpr int kDqBufs = 0;
