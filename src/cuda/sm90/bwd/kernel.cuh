@@ -34,6 +34,11 @@
 //   batches) and for keys past it.
 // - Rows whose lse is -inf see no key: the producer stores +inf as their
 //   log2-domain lse, so P = exp2(x - inf) = 0 and no NaN appears.
+// - Key tiles start their walk over the query tiles at different tiles
+//   (KeyTileWork::m_rot = n_tile % n_m): the CTAs running side by side are
+//   mostly neighbouring key tiles of one head, and in the same order they
+//   would add into the same dQ rows at the same time. Not in deterministic
+//   mode, whose adds go in key-tile order anyway.
 // - Deterministic mode (dQ tiles through TMA only): the reducer warp adds key
 //   tile n's dQ share of query tile m only after key tile n+1 (if it sees m)
 //   has published its own (a counter per (sequence, query head, query tile),
@@ -140,9 +145,16 @@ struct BwdTraits {
                 "setmaxnreg budget over the register file");
 };
 
-// Query tiles [m_begin, m_begin + n_m) see key tile n (rows k0 .. k0 + kv_rows).
+// Query tiles [m_begin, m_begin + n_m) see key tile n (rows k0 .. k0 + kv_rows);
+// iteration it takes query head it / n_m of the group and the query tiles in
+// the order m_begin + (it + m_rot) % n_m (see NOTES on the rotation).
 struct KeyTileWork {
   int k0, kv_rows, m_begin, n_m, iters;  // iters = n_m * query heads of the group
+  int m_rot;
+  __device__ __forceinline__ int query_tile(int it) const {
+    const int r = it % n_m + m_rot;
+    return m_begin + (r >= n_m ? r - n_m : r);
+  }
 };
 
 template <int kBlockM, int kBlockN>
@@ -155,6 +167,7 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const AttentionParams& p, c
   const int m_end = (mask.query_end(w.k0 + w.kv_rows) + kBlockM - 1) / kBlockM;
   w.n_m = max(0, m_end - w.m_begin);
   w.iters = w.n_m * p.group_size();
+  w.m_rot = (p.deterministic || w.n_m == 0) ? 0 : n_tile % w.n_m;
   return w;
 }
 
@@ -262,7 +275,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       for (int it = 0; it < w.iters; ++it) {
         const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
         const int h = hk * group + it / w.n_m;
-        const int m = w.m_begin + it % w.n_m, q0 = m * kBlockM;
+        const int m = w.query_tile(it), q0 = m * kBlockM;
         int* sem = p.deterministic ? dq_semaphore(p, ws, b, h, m) : nullptr;
         if (sem != nullptr && lane == 0) {
           // Key tile n+1, if it sees query tile m, adds its share first.
@@ -311,7 +324,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       const int s = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
       const int h = hk * group + it / w.n_m;
-      const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
+      const int q0 = w.query_tile(it) * kBlockM;
       mbar_wait(&empty[s], ph ^ 1);
       if (lane == 0) {
         mbar_arrive_expect_tx(&full[s], 2 * K::kQBytes);
@@ -402,7 +415,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       const uint32_t ph = (it / kStages) & 1;
       const int buf = it & 1;
       const int h = hk * group + it / w.n_m;
-      const int q0 = (w.m_begin + it % w.n_m) * kBlockM;
+      const int q0 = w.query_tile(it) * kBlockM;
       mbar_wait(&full[s], ph);
 
       // S^T = K Q^T and dP^T = V dO^T (64 keys x kSN queries each), two
