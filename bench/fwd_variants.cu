@@ -25,6 +25,7 @@ struct Shape {
   static constexpr int kBlockM = M, kBlockN = N, kWarps = W, kStages = S;
   static constexpr bool kQInRegs = QRegs;
   static constexpr bool kOverlapQK = Overlap;
+  static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = MinB;
 };
 

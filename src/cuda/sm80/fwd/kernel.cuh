@@ -36,7 +36,7 @@ namespace flashattn::cuda::sm80 {
 // chunk's address from scratch made the compiler hoist 8 64-bit pointers per
 // tile and spill). Threads past kRowsPerPass * kChunks idle (head dims 96 and
 // 192, whose 12/24 chunks do not divide the thread count).
-template <class Tile, int kThreads>
+template <class Tile, int kThreads, bool kFastWholeTiles = false>
 struct TileCopy {
   static constexpr int kRowsPerPass = (kThreads / Tile::kChunks) >= 8
                                           ? (kThreads / Tile::kChunks) / 8 * 8
@@ -78,6 +78,17 @@ struct TileCopy {
     int64_t step = kRowsPerPass * row_stride;
     asm volatile("" : "+l"(step));
     const T* g = src + row * row_stride + chunk * 8;
+    // kFastWholeTiles (tuning.h): a whole tile in bounds (all K/V tiles but a
+    // sequence's last, at the kernel's own head dim) takes copies without the
+    // per-chunk bound test, pointer select and byte count.
+    if (kFastWholeTiles && rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        cp_async_16(dst + pass_offset(i), g);
+        g += step;
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool ok = col_ok && row + i * kRowsPerPass < rows_valid;
@@ -158,7 +169,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   const int d_valid = p.head_dim;         // columns past it are zero-filled
 
   const TileCopy<QTile, kThreads> q_copy(tid);
-  const TileCopy<KVTile, kThreads> kv_copy(tid);
+  const TileCopy<KVTile, kThreads, Cfg::kFastWholeTiles> kv_copy(tid);
   // Tile j of K (V) is loaded into slot j % kStages.
   auto issue_k = [&](int j, int slot) {
     if (j < n_tiles) {

@@ -12,6 +12,9 @@
 //             instead of re-reading them from shared memory every tile.
 //   kOverlapQK  issue S_{j+1} = Q K_{j+1}^T in the same basic block as the
 //             softmax of tile j (needs kStages >= 3).
+//   kFastWholeTiles  K/V tiles wholly in bounds load without per-chunk bound
+//             tests (a second copy loop: fewer instructions per tile, more
+//             code and registers; d 64 and d 128 spill with it).
 //   kMinBlocksPerSm  __launch_bounds__ occupancy hint: caps registers so that
 //             many CTAs fit on an SM (65536 registers / SM).
 // Shared memory = (kBlockM + 2 * kStages * kBlockN) * head_dim * 2 bytes; it
@@ -39,6 +42,7 @@ struct ForwardTuning<32> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = true;
   static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -59,6 +63,7 @@ struct ForwardTuning<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -69,6 +74,7 @@ struct ForwardTuning<96> {
   static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -89,6 +95,7 @@ struct ForwardTuning<128> {
   static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -100,6 +107,7 @@ struct ForwardTuning<192> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
@@ -119,6 +127,7 @@ struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
   static constexpr bool kQInRegs = false;
   static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = true;
   static constexpr int kMinBlocksPerSm = 2;
 };
 
