@@ -54,6 +54,7 @@
 #include "core/mask.h"
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cuda/common/flags.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
@@ -228,19 +229,6 @@ __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
 #endif
 }
 
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ int* dq_semaphore(const AttentionParams& p, const Workspace& ws, int b,
-                                             int h, int m) {
-  return ws.dq_sem + (static_cast<int64_t>(b) * p.heads_q + h) * ws.q_tiles + m;
-}
 
 // Deterministic dQ: block until key tile n+1 has added its share of query tile
 // m (when it sees that tile at all), then let the whole CTA go on.
@@ -252,8 +240,8 @@ __device__ __forceinline__ void wait_for_predecessor(const AttentionParams& p, c
   const bool has_pred =
       n_next * block_n < seqlen_k && mask.query_begin(n_next * block_n) / block_m <= m;
   if (threadIdx.x == 0 && has_pred) {
-    const int* sem = dq_semaphore(p, ws, b, h, m);
-    while (ld_acquire(sem) != n_next + 1) {
+    const int* sem = ws.dq_semaphore(p, b, h, m);
+    while (ld_acquire_gpu(sem) != n_next + 1) {
     }
   }
   __syncthreads();
@@ -528,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.deterministic) {
         __threadfence();  // this CTA's adds are performed before the semaphore moves
         __syncthreads();
-        if (tid == 0) st_release(dq_semaphore(p, ws, b, h, m), n_tile + 1);
+        if (tid == 0) st_release_gpu(ws.dq_semaphore(p, b, h, m), n_tile + 1);
       }
     }
     if (stages == 1) __syncthreads();  // the single stage is reloaded next

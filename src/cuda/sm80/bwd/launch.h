@@ -19,6 +19,11 @@ struct Workspace {
   // computing (and holding in registers): scale * log2(e), scale / softcap.
   float scale_log2 = 0.0f;
   float inv_softcap = 0.0f;
+
+  // Deterministic mode: the counter of query tile m of (sequence b, query head h).
+  FA_HOST_DEVICE int* dq_semaphore(const AttentionParams& p, int b, int h, int m) const {
+    return dq_sem + (static_cast<int64_t>(b) * p.heads_q + h) * q_tiles + m;
+  }
 };
 
 // Byte sizes of the workspace regions of one call (each 256-byte aligned):

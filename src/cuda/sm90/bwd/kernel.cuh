@@ -73,6 +73,7 @@
 #include "core/mask.h"
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cuda/common/flags.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/bwd/launch.h"
 #include "cuda/sm90/bwd/tuning.h"
@@ -177,24 +178,10 @@ __device__ __forceinline__ float bwd_exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 // Orders this thread's generic-proxy global accesses with its async-proxy
 // (TMA) ones.
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-// Deterministic mode: one counter per (sequence, query head, query tile), the
-// sm80 kernel's layout (its query tiles are this kernel's: kBlockM 128 / 64).
-__device__ __forceinline__ int* dq_semaphore(const AttentionParams& p, const bwd::Workspace& ws,
-                                             int b, int h, int m) {
-  return ws.dq_sem + (static_cast<int64_t>(b) * p.heads_q + h) * ws.q_tiles + m;
 }
 
 // dst[0..1] += (a, b), fire-and-forget (no returned value to wait for).
@@ -276,7 +263,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
         const int h = hk * group + it / w.n_m;
         const int m = w.query_tile(it), q0 = m * kBlockM;
-        int* sem = p.deterministic ? dq_semaphore(p, ws, b, h, m) : nullptr;
+        int* sem = p.deterministic ? ws.dq_semaphore(p, b, h, m) : nullptr;
         if (sem != nullptr && lane == 0) {
           // Key tile n+1, if it sees query tile m, adds its share first.
           const int n_next = n_tile + 1;
