@@ -19,7 +19,8 @@
 //   dQ_partial = dS K             wgmma, A = dS (smem, MN-major), B = K (MN-major)
 //   dQ_partial -> shared memory, added into the f32 dQ accumulator by TMA
 //                 reduce-adds issued by the producer warpgroup's second warp
-//                 (kDqTma; else red.global.add.v2.f32 by each consumer thread).
+//                 (kDqTma); split-d (d 256): transposed through shared memory
+//                 by each warp, then red.global.add.v4.f32 along dQ rows.
 // The sm80 pre-pass computed D = rowsum(dO * O) and zeroed the accumulator; its
 // post-pass scales it by the softmax scale into dq. dK is scaled here.
 //
@@ -48,9 +49,9 @@
 //   into the next sequence's rows in no fixed order (the sign of a zero could
 //   change between runs).
 // - compute-sanitizer: memcheck is clean; racecheck reports the producer's
-//   lse/D stores of a stage against the consumers' loads of it (16 reports on
-//   FLASHATTN_SM90_TEST_SMALL=1 test_sm90_backward, all of them these two
-//   lines): the stores are released by the producer lanes' mbarrier arrivals
+//   lse/D stores of a stage against the consumers' loads of it (every report
+//   on FLASHATTN_SM90_TEST_SMALL=1 test_sm90_backward is one of these two
+//   store lines against ld_shared_v2): the stores are released by the producer lanes' mbarrier arrivals
 //   on full[s] and acquired by the consumers' try_wait, and the consumers'
 //   loads are released by their arrivals on empty[s] before the producer
 //   rewrites the stage; racecheck does not model mbarrier ordering (as
@@ -58,6 +59,13 @@
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
+// - dQ without TMA (d 256): the L2 counts requests, not bytes. A thread's
+//   accumulator fragment holds 2 adjacent columns per 8, so red.v2 from the
+//   fragment makes one 1-sector L2 request per instruction and lane; ncu on
+//   the d 256 kernel showed L2 at 82-87% of peak, 66% of it tag lookups, and
+//   30% of warp stalls on the reds. Rows made contiguous first (8 lanes x 16
+//   bytes = one 128-byte row segment) cut requests 4x: +12..32% backward
+//   TFLOP/s (docs/perf-notes.md).
 #pragma once
 
 #include <cuda.h>
@@ -139,6 +147,8 @@ struct BwdTraits {
   static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM && !Tune::kEarlyDv),
                 "split-d: 64 x 64 tiles, dQ split along d, dV issued after the P^T exchange");
   static_assert(kDqBufs <= 2, "two dQ barrier pairs");
+  static_assert(!kSplitD || kDqTma || (kBlockN == 64 && kDqN == 128),
+                "split-d dQ write-out: a warp's 2 KB scratch is its 16 key rows x 4 chunks of P^T and dS^T");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "tiles must stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
@@ -187,6 +197,17 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // dst[0..1] += (a, b), fire-and-forget (no returned value to wait for).
 __device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+// dst[0..3] += v (16-byte aligned), fire-and-forget.
+__device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ float4 ld_shared_v4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
 }
 
 __device__ __forceinline__ float2 ld_shared_v2(uint32_t addr) {
@@ -609,6 +630,49 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         }
         fence_proxy_async_smem();
         named_arrive(K::kDqFull0 + qb, K::kDqBarThreads);
+      } else if constexpr (K::kSplitD) {
+        // Row-contiguous reduce-adds: 8 lanes cover 128 bytes of one dQ row, so
+        // each red.v4 instruction is 4 L2 requests of 4 sectors. The accumulator
+        // fragment gives a row's 32-column span to only 4 lanes (red.v2: 8
+        // requests of 1 sector), and that request rate, not the bytes, was what
+        // saturated the L2 crossbar (NOTES). Each warp transposes its 16 rows x
+        // 32 columns (2 KB) at a time through shared memory: the bytes its own
+        // store_t wrote into the P^T / dS^T buffers [buf ^ 1] (its 16 key rows,
+        // this warpgroup's 4 chunks of each). Their last readers, tile it - 1's
+        // wgmmas of both warpgroups, finished before either reached this tile's
+        // kDsBarrier; their next writer is this warp's store_t of tile it + 1.
+        // Scratch row r, unit u (16 bytes): P^T key row warp*16 + r for u < 4,
+        // dS^T key row warp*16 + (r ^ 4) for u >= 4, chunk u % 4 of this
+        // warpgroup's: the 8 units a quarter-warp loads then sit in 8 distinct
+        // bank groups (k % 8 differs in bit 2), and the 8 rows a store covers too.
+        auto scratch = [&](int row, int unit) {
+          const bool ds_half = unit >= 4;
+          const int k = warp * 16 + (ds_half ? row ^ 4 : row);
+          const uint32_t base = (ds_half ? ds_base : p_base) + (buf ^ 1) * K::kDsBytes;
+          return base + k * 128 + (((cw * 4 + unit % 4) ^ (k & 7)) << 4);
+        };
+        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + warp * 16) * D +
+                         cw * K::kDqN;
+        const int rows_left = seq.seqlen_q - q0 - warp * 16;
+#pragma unroll
+        for (int ch = 0; ch < K::kDqN / 32; ++ch) {
+          // Fragment tiles 4ch .. 4ch+3 (columns 32ch .. 32ch+31): tile t's
+          // columns 8t + 2*quad, +1 are unit 2t + quad/2, byte 8 * (quad % 2).
+#pragma unroll
+          for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              st_shared_v2(scratch(lane / 4 + 8 * r, 2 * t + quad / 2) + 8 * (quad % 2),
+                           dq[4 * (4 * ch + t) + 2 * r], dq[4 * (4 * ch + t) + 2 * r + 1]);
+          __syncwarp();
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int row = lane / 8 + 4 * j;
+            const float4 v = ld_shared_v4(scratch(row, lane % 8));
+            if (row < rows_left) red_add_v4(dq_base + row * D + 32 * ch + 4 * (lane % 8), v);
+          }
+          __syncwarp();
+        }
       } else {
         float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
 #pragma unroll

@@ -21,9 +21,9 @@
 //             then live next to S^T, dP^T, dK and dV.
 //   kDqTma    dQ partial tiles go to shared memory and one warp of the producer
 //             warpgroup adds them into the f32 accumulator with TMA reduce-adds
-//             (FA3's way), instead of each consumer thread issuing
-//             red.global.add.v2.f32 for its fragment (kDqN / 4 per tile). The
-//             deterministic mode needs the TMA path.
+//             (FA3's way), instead of consumer threads issuing red.global
+//             adds (red.v2 from the fragment; at d 256 red.v4 along rows).
+//             The deterministic mode needs the TMA path.
 //   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
 //   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
 // ptxas must neither spill nor serialize the wgmmas ("C7512: wgmma.mma_async
@@ -95,9 +95,10 @@ struct BackwardTuning<128> {
 // consumer computes S^T, dP^T for 32 of the queries (32 regs) and owns 128
 // columns of dK, dV (128 regs) and dQ (64 regs). P^T and dS^T are exchanged
 // through shared memory, so dV waits for that barrier (no kEarlyDv). dQ by
-// red.global: its f32 tile (64 KB) does not fit beside K, V (64 KB), two Q/dO
-// stages (128 KB), P^T and dS^T (2 x 16 KB) = 224 KB, so no deterministic mode
-// here (sm80).
+// red.global (row-contiguous red.v4 after a per-warp transpose through the
+// P^T / dS^T buffer not in use: kernel.cuh NOTES): its f32 tile (64 KB) does
+// not fit beside K, V (64 KB), two Q/dO stages (128 KB), P^T and dS^T (2 x 16
+// KB) = 224 KB, so no deterministic mode here (sm80).
 template <>
 struct BackwardTuning<256> {
   static constexpr bool kSplitD = true;
