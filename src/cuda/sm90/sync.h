@@ -10,6 +10,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// threadIdx.x / 128, as a value ptxas knows to be warp-uniform (a shuffle from
+// lane 0): what is derived from it (per-warpgroup shared-memory bases, wgmma
+// descriptors) then lives in uniform registers instead of being moved there
+// (R2UR) before every wgmma.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+}
+
 // NOTES: one thread initializes; fence.mbarrier_init makes the init visible to
 // the async proxy (TMA) before anyone uses the barrier; a block barrier must
 // follow before other threads touch it.

@@ -31,6 +31,15 @@ __host__ __device__ constexpr uint64_t make_smem_desc_sw128(uint32_t smem_byte_a
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
+// `desc` moved `bytes` (a multiple of 16) further into shared memory: only the
+// start-address field changes, and it cannot carry out of its 14 bits while the
+// operand stays in shared memory (< 256 KB). One 32-bit add, where building the
+// descriptor from the moved address takes an add, two masks and a shift
+// (ptxas cannot fold `& 0x3FFFF` across the add).
+__host__ __device__ constexpr uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (bytes >> 4));
+}
+
 template <int N, typename T>
 struct WgmmaSS;  // D(64xN) (+)= A(64x16, smem, K-major) * B(16xN, smem, K-major)
 template <int N, typename T>

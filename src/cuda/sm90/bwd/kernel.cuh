@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
   uint64_t* empty = full + kStages;
   constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
 
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     mbar_init(full_kv, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -377,36 +377,44 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
     const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
     const uint32_t lse_base = smem_addr(s_lse), d_base = smem_addr(s_d);
+    // Operand descriptors: one per buffer and role, built once, then moved by
+    // byte offsets (desc_advance: one add per wgmma operand instead of
+    // rebuilding it from the address; see the forward kernel's NOTES).
     // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
-    auto desc_kv_rows = [&](uint32_t base, int kk) {
-      return make_smem_desc_sw128(base + (kk / 4) * kBlockN * 128 + key_off * 128 + (kk % 4) * 32,
-                                  16, 1024);
+    const uint64_t k_rows = make_smem_desc_sw128(k_base + key_off * 128, 16, 1024);
+    const uint64_t v_rows = make_smem_desc_sw128(v_base + key_off * 128, 16, 1024);
+    auto desc_kv_rows = [&](uint64_t rows, int kk) {
+      return desc_advance(rows, (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
     };
     // B = this consumer's queries of the Q / dO tile as N (K-major over d).
-    auto desc_qdo_rows = [&](uint32_t base, int s, int kk) {
-      return make_smem_desc_sw128(
-          base + s * K::kQBytes + (kk / 4) * kBlockM * 128 + q_col * 128 + (kk % 4) * 32, 16, 1024);
+    const uint64_t q_rows = make_smem_desc_sw128(q_base + q_col * 128, 16, 1024);
+    const uint64_t do_rows = make_smem_desc_sw128(do_base + q_col * 128, 16, 1024);
+    auto desc_qdo_rows = [&](uint64_t rows, int s, int kk) {
+      return desc_advance(desc_advance(rows, s * K::kQBytes), (kk / 4) * kBlockM * 128 + (kk % 4) * 32);
     };
     // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
     // consumer's kDvN columns), k-step kt.
     const uint32_t dv_col_off = K::kSplitD ? cw * (K::kDvN / 64) * kBlockM * 128 : 0;
-    auto desc_qdo_mn = [&](uint32_t base, int s, int kt) {
-      return make_smem_desc_sw128(base + s * K::kQBytes + dv_col_off + kt * 16 * 128, kBlockM * 128, 1024);
+    const uint64_t q_mn = make_smem_desc_sw128(q_base + dv_col_off, kBlockM * 128, 1024);
+    const uint64_t do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
+    auto desc_qdo_mn = [&](uint64_t mn, int s, int kt) {
+      return desc_advance(desc_advance(mn, s * K::kQBytes), kt * 16 * 128);
     };
     // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
     // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
     const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
     const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * (K::kDqN / 64) * kBlockN * 128;
+    const uint64_t ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
+    const uint64_t k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
     auto desc_ds = [&](int buf, int kt) {
-      return make_smem_desc_sw128(ds_base + buf * K::kDsBytes + dq_a_off + kt * 16 * 128,
-                                  kBlockN * 128, 1024);
+      return desc_advance(desc_advance(ds_mn, buf * K::kDsBytes), kt * 16 * 128);
     };
-    auto desc_k_mn = [&](int kt) {
-      return make_smem_desc_sw128(k_base + dq_b_off + kt * 16 * 128, kBlockN * 128, 1024);
-    };
+    auto desc_k_mn = [&](int kt) { return desc_advance(k_mn, kt * 16 * 128); };
     // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
-    auto desc_t_rows = [&](uint32_t base, int buf, int kt) {
-      return make_smem_desc_sw128(base + buf * K::kDsBytes + kt * 32, 16, 1024);
+    const uint64_t p_t_rows = make_smem_desc_sw128(p_base, 16, 1024);
+    const uint64_t ds_t_rows = make_smem_desc_sw128(ds_base, 16, 1024);
+    auto desc_t_rows = [&](uint64_t rows, int buf, int kt) {
+      return desc_advance(desc_advance(rows, buf * K::kDsBytes), kt * 32);
     };
 
     const float scale_log2 = ws.scale_log2;
@@ -433,11 +441,11 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kSN, T>::run(st, desc_kv_rows(k_base, kk), desc_qdo_rows(q_base, s, kk), kk > 0);
+        WgmmaSS<kSN, T>::run(st, desc_kv_rows(k_rows, kk), desc_qdo_rows(q_rows, s, kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kSN, T>::run(dpt, desc_kv_rows(v_base, kk), desc_qdo_rows(do_base, s, kk), kk > 0);
+        WgmmaSS<kSN, T>::run(dpt, desc_kv_rows(v_rows, kk), desc_qdo_rows(do_rows, s, kk), kk > 0);
       wgmma_commit();
 
       // Element e of accumulator tile i: key key_r + 8*(e>>1), query
@@ -460,7 +468,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(pa);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
         wgmma_commit();
       };
       auto issue_dk = [&]() {
@@ -468,7 +476,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(da);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
         wgmma_commit();
       };
 
@@ -563,9 +571,9 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(da);
         wgmma_fence();
 #pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
 #pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_base, s, kt), 1);
+        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
         wgmma_commit();
       }
 
@@ -583,10 +591,10 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
       if constexpr (K::kSplitD) {
 #pragma unroll
         for (int kt = 0; kt < kBlockM / 16; ++kt)
-          WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows(p_base, buf, kt), desc_qdo_mn(do_base, s, kt), 1);
+          WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows(p_t_rows, buf, kt), desc_qdo_mn(do_mn, s, kt), 1);
 #pragma unroll
         for (int kt = 0; kt < kBlockM / 16; ++kt)
-          WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows(ds_base, buf, kt), desc_qdo_mn(q_base, s, kt), 1);
+          WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows(ds_t_rows, buf, kt), desc_qdo_mn(q_mn, s, kt), 1);
         wgmma_commit();
         wgmma_wait<1>();  // dQ done; dV, dK run on under its write-out
       } else {

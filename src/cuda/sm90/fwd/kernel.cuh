@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
   uint64_t* empty_v = full_v + kStages;
   constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
 
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     for (int s = 0; s < K::kQStages; ++s) {
       mbar_init(&full_q[s], 1);
@@ -345,19 +345,22 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
     const uint32_t other_turn = K::kTurnBarrier0 + (cw + 1) % K::kConsumers;
     if (kPingPong && cw == K::kConsumers - 1) named_arrive(K::kTurnBarrier0, kTurnThreads);
 
-    const uint32_t q_base0 = smem_addr(sQ) + cw * 64 * 128;
-    uint32_t q_base = q_base0;
-    const uint32_t k_base = smem_addr(sK);
-    const uint32_t v_base = smem_addr(sV);
-    auto desc_q = [&](int kk) {
-      return make_smem_desc_sw128(q_base + (kk / 4) * kBlockM * 128 + (kk % 4) * 32, 16, 1024);
-    };
+    // Operand descriptors: built once from the buffers' bases, then moved by
+    // byte offsets (desc_advance; the offsets below are compile-time but for
+    // the stage and Q buffer).
+    // NOTES: built per wgmma from the address, each took 7 uniform-datapath
+    // instructions (add, two masks, shift, two R2UR, a move) issued inside the
+    // ping-pong turn: 118 of the d 128 loop's ~566 instructions per key tile.
+    const uint64_t q_desc0 = make_smem_desc_sw128(smem_addr(sQ) + cw * 64 * 128, 16, 1024);
+    uint64_t q_desc = q_desc0;
+    const uint64_t k_desc = make_smem_desc_sw128(smem_addr(sK), 16, 1024);
+    const uint64_t v_desc = make_smem_desc_sw128(smem_addr(sV), kBlockN * 128, 1024);
+    auto desc_q = [&](int kk) { return desc_advance(q_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32); };
     auto desc_k = [&](int s, int kk) {
-      return make_smem_desc_sw128(
-          k_base + s * K::kKVBytes + (kk / 4) * kBlockN * 128 + (kk % 4) * 32, 16, 1024);
+      return desc_advance(desc_advance(k_desc, s * K::kKVBytes), (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
     };
     auto desc_v = [&](int s, int kt) {
-      return make_smem_desc_sw128(v_base + s * K::kKVBytes + kt * 16 * 128, kBlockN * 128, 1024);
+      return desc_advance(desc_advance(v_desc, s * K::kKVBytes), kt * 16 * 128);
     };
 
     int qt = 0;  // tiles with loads so far, as the producer counts them
@@ -380,7 +383,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
         const int qs = qt % K::kQStages;
         const uint32_t q_phase = (qt / K::kQStages) & 1;
         ++qt;
-        q_base = q_base0 + qs * K::kQBytes;
+        q_desc = desc_advance(q_desc0, qs * K::kQBytes);
         uint64_t* const q_empty = &empty_q[qs];
         mbar_wait(&full_q[qs], q_phase);
 
