@@ -145,6 +145,9 @@ class FaTensor(ctypes.Structure):
     ]
 
 
+_Dims = ctypes.c_int64 * FA_MAX_DIMS
+
+
 class FaVarlen(ctypes.Structure):
     _fields_ = [
         ("cu_seqlens_q", ctypes.c_void_p),
@@ -310,8 +313,8 @@ class _Desc:
         self.dtype = dtype          # fa_dtype code, or a string naming an integer type
         self.device = device        # FA_DEVICE_*
         self.device_index = device_index
-        self.shape = tuple(shape)
-        self.strides = tuple(strides)  # elements
+        self.shape = shape if type(shape) is tuple else tuple(shape)
+        self.strides = strides if type(strides) is tuple else tuple(strides)  # elements
         self.itemsize = itemsize
         self.readonly = readonly
         self.keepalive = keepalive
@@ -342,28 +345,29 @@ def _is_torch_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+_TORCH_DTYPES = {}  # torch.dtype -> fa_dtype code or integer type name (filled on first use)
+
+
+def _torch_dtype_code(torch, dt):
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: FA_F32, torch.float16: FA_F16, torch.bfloat16: FA_BF16,
+                              torch.int32: "int32", torch.uint8: "uint8"})
+    code = _TORCH_DTYPES.get(dt)
+    return code if code is not None else str(dt).replace("torch.", "")
+
+
 def _describe_torch(x, name: str) -> _Desc:
+    # NOTES: on the per-call path of every torch op (eager attention calls cost
+    # tens of microseconds of Python per tensor before this was trimmed): no
+    # torch.device objects, one dict lookup for the dtype.
     torch = _torch_module()
-    dt = x.dtype
-    if dt == torch.float32:
-        code = FA_F32
-    elif dt == torch.float16:
-        code = FA_F16
-    elif dt == torch.bfloat16:
-        code = FA_BF16
-    elif dt == torch.int32:
-        code = "int32"
-    elif dt == torch.uint8:
-        code = "uint8"
-    else:
-        code = str(dt).replace("torch.", "")
-    dev = x.device
-    if dev.type == "cpu":
+    code = _torch_dtype_code(torch, x.dtype)
+    if x.is_cuda:
+        device, index = FA_DEVICE_CUDA, x.get_device()
+    elif x.is_cpu:
         device, index = FA_DEVICE_CPU, 0
-    elif dev.type == "cuda":
-        device, index = FA_DEVICE_CUDA, (dev.index if dev.index is not None else 0)
     else:
-        raise InvalidArgumentError(f"{name} is on device {dev}; flashattn takes cpu and cuda tensors")
+        raise InvalidArgumentError(f"{name} is on device {x.device}; flashattn takes cpu and cuda tensors")
     if x.layout != torch.strided:
         raise InvalidArgumentError(f"{name} must be a strided (dense) tensor, got layout {x.layout}")
     return _Desc(x.data_ptr(), code, device, index, x.shape, x.stride(), x.element_size(),
@@ -492,16 +496,8 @@ def _fa_tensor(d: _Desc, name: str, *, output: bool = False) -> FaTensor:
         raise InvalidArgumentError(f"{name} has {len(d.shape)} dimensions, at most {FA_MAX_DIMS} allowed")
     if output and d.readonly:
         raise InvalidArgumentError(f"{name} is read-only but is written as an output")
-    t = FaTensor()
-    t.data = d.ptr or None
-    t.dtype = d.dtype
-    t.device = d.device
-    t.device_index = d.device_index
-    t.ndim = len(d.shape)
-    for i, (s, st) in enumerate(zip(d.shape, d.strides)):
-        t.shape[i] = s
-        t.strides[i] = st
-    return t
+    return FaTensor(d.ptr or None, d.dtype, d.device, d.device_index, len(d.shape),
+                    _Dims(*d.shape), _Dims(*d.strides))
 
 
 def _cu_seqlens_ptr(x, name: str, q: _Desc, stream) -> Tuple[int, int, Any]:
@@ -529,6 +525,9 @@ def _resolve_stream(stream, q: _Desc):
     if stream is None:
         if q.kind == "torch":
             torch = _torch_module()
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~20x cheaper
+            if raw is not None:
+                return raw(q.device_index) or None
             return torch.cuda.current_stream(q.keepalive.device).cuda_stream or None
         return None
     if isinstance(stream, int):
@@ -541,9 +540,15 @@ def _resolve_stream(stream, q: _Desc):
     return int(handle) or None
 
 
+_default_options: Optional[FaOptions] = None
+
+
 def _options(*, softmax_scale, causal, window_size, softcap, deterministic, backend, stream,
              num_threads) -> FaOptions:
-    o = library().fa_default_options()
+    global _default_options
+    if _default_options is None:
+        _default_options = library().fa_default_options()
+    o = FaOptions.from_buffer_copy(_default_options)
     if softmax_scale is not None:
         scale = float(softmax_scale)
         if not scale > 0:
@@ -678,8 +683,10 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
              backend=None, stream=None, num_threads=0) -> None:
     """Gradients dq, dk, dv (written in place) from dout and the forward's out and lse.
 
-    ``workspace``: None (the library allocates) or a contiguous buffer on the tensors' device of
-    at least backward_workspace_size() bytes (e.g. torch.empty(n, dtype=torch.uint8)).
+    ``workspace``: None (the library allocates), a contiguous buffer on the tensors' device of
+    at least backward_workspace_size() bytes (e.g. torch.empty(n, dtype=torch.uint8)), or a
+    callable taking that byte count and returning such a buffer (the size is then queried from
+    the same argument descriptions, without a second backward_workspace_size call).
     """
     c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
               causal, window_size, softcap, deterministic, backend, stream, num_threads)
@@ -690,6 +697,12 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
     gk = c.tensor(dk, "dk", output=True)
     gv = c.tensor(dv, "dv", output=True)
     ws_ptr, ws_bytes = None, 0
+    if callable(workspace):
+        nbytes = ctypes.c_size_t(0)
+        _check(library().fa_backward_workspace_size(ctypes.byref(c.q), ctypes.byref(c.k),
+                                                    ctypes.byref(c.v), c.varlen_ptr,
+                                                    ctypes.byref(c.options), ctypes.byref(nbytes)))
+        workspace = workspace(nbytes.value) if nbytes.value else None
     if workspace is not None:
         wd = _describe(workspace, "workspace", c.stream)
         c.keep.append(wd)

@@ -18,6 +18,10 @@ Ops:
                         max_seqlen_k, softmax_scale, causal, window_left, window_right,
                         softcap, deterministic) -> (dq, dk, dv)
 
+attention() and varlen_attention() are what flash_attn_func and flash_attn_varlen_func
+call: the custom ops while torch.compile traces, an autograd.Function over the same
+library calls in eager mode (cheaper per call than a custom op's dispatch).
+
 lse is float32, (batch, heads_q, seqlen_q) or (heads_q, total_q) for varlen. It
 is returned for inspection (and saved for the backward pass) but is not
 differentiable: no gradient flows back through it.
@@ -31,24 +35,22 @@ from torch import Tensor
 
 from . import _capi
 
-__all__ = ["fwd", "bwd", "varlen_fwd", "varlen_bwd"]
+__all__ = ["fwd", "bwd", "varlen_fwd", "varlen_bwd", "attention", "varlen_attention"]
 
 
 def _prep(x: Tensor) -> Tensor:
-    """A view the library accepts: last dimension contiguous, positive strides."""
+    """A view the library accepts: last dimension contiguous, no zero strides (expanded dims)."""
     if x.dim() == 0:
         return x
-    ok = x.stride(-1) == 1 or x.shape[-1] <= 1
-    if ok:
-        for size, stride in zip(x.shape, x.stride()):
-            if size > 1 and stride < 1:
-                ok = False
-                break
-    return x if ok else x.contiguous()
+    strides = x.stride()
+    if (strides[-1] == 1 or x.shape[-1] <= 1) and (
+            0 not in strides or all(n <= 1 for n, st in zip(x.shape, strides) if st == 0)):
+        return x
+    return x.contiguous()
 
 
 def _device_guard(x: Tensor):
-    if x.is_cuda and x.device.index is not None and x.device.index != torch.cuda.current_device():
+    if x.is_cuda and x.get_device() != torch.cuda.current_device():
         return torch.cuda.device(x.device)
     return contextlib.nullcontext()
 
@@ -64,20 +66,61 @@ def _empty_like_shape(x: Tensor, dtype=None) -> Tensor:
 
 
 # ----------------------------------------------------------------------------
+# The library calls, shared by the custom ops (torch.compile, torch.ops.flashattn.*) and the
+# eager autograd function. `varlen`: None, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+# max_seqlen_k).
+
+
+def _varlen_kwargs(varlen):
+    if varlen is None:
+        return {}
+    cu_q, cu_k, max_q, max_k = varlen
+    return dict(cu_seqlens_q=cu_q.contiguous(), cu_seqlens_k=cu_k.contiguous(),
+                max_seqlen_q=max_q, max_seqlen_k=max_k)
+
+
+def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+             varlen=None):
+    q, k, v = _prep(q), _prep(k), _prep(v)
+    out = _empty_like_shape(q)
+    if varlen is None:  # lse (batch, heads_q, seqlen_q)
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    else:  # (heads_q, total_q)
+        lse_shape = (q.shape[1], q.shape[0])
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    with _device_guard(q):
+        _capi.forward(q, k, v, out, lse, **_varlen_kwargs(varlen),
+                      **_opts(softmax_scale, causal, window_left, window_right, softcap,
+                              deterministic))
+    return out, lse
+
+
+def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+              deterministic, varlen=None):
+    dout, q, k, v, out, lse = (_prep(t) for t in (dout, q, k, v, out, lse))
+    dq, dk, dv = _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
+    device = q.device
+
+    def workspace(nbytes):
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    with _device_guard(q):
+        _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, workspace=workspace,
+                       **_varlen_kwargs(varlen),
+                       **_opts(softmax_scale, causal, window_left, window_right, softcap,
+                               deterministic))
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------
 # Fixed-length batches
 
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    q, k, v = _prep(q), _prep(k), _prep(v)
-    out = _empty_like_shape(q)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    with _device_guard(q):
-        _capi.forward(q, k, v, out, lse,
-                      **_opts(softmax_scale, causal, window_left, window_right, softcap,
-                              deterministic))
-    return out, lse
+    return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                    deterministic)
 
 
 @fwd.register_fake
@@ -91,14 +134,8 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, determ
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dout, q, k, v, out, lse = (_prep(t) for t in (dout, q, k, v, out, lse))
-    dq, dk, dv = _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
-    opts = _opts(softmax_scale, causal, window_left, window_right, softcap, deterministic)
-    with _device_guard(q):
-        nbytes = _capi.backward_workspace_size(q, k, v, **opts)
-        ws = torch.empty(nbytes, dtype=torch.uint8, device=q.device) if nbytes else None
-        _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, workspace=ws, **opts)
-    return dq, dk, dv
+    return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
+                     softcap, deterministic)
 
 
 @bwd.register_fake
@@ -133,16 +170,8 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float,
                deterministic: bool) -> Tuple[Tensor, Tensor]:
-    q, k, v = _prep(q), _prep(k), _prep(v)
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    out = _empty_like_shape(q)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    with _device_guard(q):
-        _capi.forward(q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      **_opts(softmax_scale, causal, window_left, window_right, softcap,
-                              deterministic))
-    return out, lse
+    return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                    deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
 @varlen_fwd.register_fake
@@ -158,17 +187,8 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
                softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dout, q, k, v, out, lse = (_prep(t) for t in (dout, q, k, v, out, lse))
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    dq, dk, dv = _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
-    opts = _opts(softmax_scale, causal, window_left, window_right, softcap, deterministic)
-    vl = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-              max_seqlen_k=max_seqlen_k)
-    with _device_guard(q):
-        nbytes = _capi.backward_workspace_size(q, k, v, **vl, **opts)
-        ws = torch.empty(nbytes, dtype=torch.uint8, device=q.device) if nbytes else None
-        _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, workspace=ws, **vl, **opts)
-    return dq, dk, dv
+    return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
+                     softcap, deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
 @varlen_bwd.register_fake
@@ -194,3 +214,62 @@ def _varlen_backward(ctx, dout, dlse):
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+# ----------------------------------------------------------------------------
+# Eager entry points
+
+
+class _Attention(torch.autograd.Function):
+    """Eager autograd over the same library calls as the custom ops.
+
+    NOTES: a custom op costs its dispatch and checks on every call (measured on the H100
+    host: ~100 us per forward and ~250 us per backward op call for a tiny problem, against
+    ~15 / ~30 us in the library itself), which made small attention calls host-bound.
+    Eager calls come here; torch.compile traces the custom ops (attention() below)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, params, varlen):
+        out, lse = _forward(q, k, v, *params, varlen)
+        ctx.save_for_backward(q, k, v, out, lse, *(varlen[:2] if varlen is not None else ()))
+        ctx.params = params
+        ctx.varlen_sizes = varlen[2:] if varlen is not None else None
+        ctx.mark_non_differentiable(lse)
+        # lse has no gradient: without this autograd fills a zero dlse on every backward
+        # (a kernel and, measured, ~160 us of host time through aten::zeros).
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        if dout is None:
+            return None, None, None, None, None
+        saved = ctx.saved_tensors
+        q, k, v, out, lse = saved[:5]
+        varlen = None if ctx.varlen_sizes is None else (saved[5], saved[6], *ctx.varlen_sizes)
+        dq, dk, dv = _backward(dout, q, k, v, out, lse, *ctx.params, varlen)
+        return dq, dk, dv, None, None
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
+def attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    """(out, lse): the custom op under torch.compile, the eager autograd function otherwise."""
+    params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    if _compiling():
+        return fwd(q, k, v, *params)
+    return _Attention.apply(q, k, v, params, None)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    """Variable-length attention(): (out, lse (heads_q, total_q))."""
+    params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    if _compiling():
+        return varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          *params)
+    return _Attention.apply(q, k, v, params, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                              max_seqlen_k))

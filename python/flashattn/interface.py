@@ -2,9 +2,9 @@
 
 Same arguments, defaults, layouts and return values as flash-attn's
 flash_attn_interface (flash_attn_func, flash_attn_varlen_func and the packed
-variants). PyTorch tensors go through the custom ops in flashattn._torch_ops
-(autograd, torch.compile, CPU and CUDA); NumPy arrays (float32/float16) get the
-forward pass only, through the C ABI directly.
+variants). PyTorch tensors go through flashattn._torch_ops (CPU and CUDA): an
+autograd function in eager mode, the custom ops under torch.compile; NumPy
+arrays (float32/float16) get the forward pass only, through the C ABI directly.
 
 Not implemented (NotImplementedError, never ignored): dropout_p > 0,
 alibi_slopes, block_table. return_attn_probs=True returns
@@ -114,7 +114,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
-        out, lse = _torch_ops.fwd(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
+        out, lse = _torch_ops.attention(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
                                   bool(causal), window[0], window[1], float(softcap),
                                   bool(deterministic))
         if out.shape[-1] != head_dim:
@@ -143,7 +143,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
-        out, lse = _torch_ops.varlen_fwd(_pad_torch(q), _pad_torch(k), _pad_torch(v),
+        out, lse = _torch_ops.varlen_attention(_pad_torch(q), _pad_torch(k), _pad_torch(v),
                                          cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                          int(max_seqlen_k), scale, bool(causal), window[0],
                                          window[1], float(softcap), bool(deterministic))
