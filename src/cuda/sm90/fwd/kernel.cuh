@@ -168,33 +168,60 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // One online-softmax step on a warpgroup's S fragment (2 rows per thread):
 // new row max, correction factor for the old O and l, P = exp(S - max) in place.
+// NOTES: the row max and row sum are reduced through kAcc independent partials
+// and both rows' shuffles are issued together: as one chain per row they were
+// 32 dependent FMNMX (and FADD) per row, which ptxas kept in order (fmax and
+// float adds are not reassociated), the first exponential of the tile waiting
+// behind the whole max chain of row 0.
 template <int kN>
 __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], float (&l)[2],
                                                float (&corr)[2], float scale_log2) {
+  constexpr int kPairs = kN / 4;  // (element pairs per row)
+  constexpr int kAcc = kPairs % 4 == 0 ? 4 : (kPairs % 2 == 0 ? 2 : 1);
+  float mx[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = m[r];
+    float part[kAcc];
 #pragma unroll
-    for (int i = 0; i < kN / 4; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    for (int a = 0; a < kAcc; ++a) part[a] = fmaxf(s[4 * a + 2 * r], s[4 * a + 2 * r + 1]);
+#pragma unroll
+    for (int i = kAcc; i < kPairs; ++i)
+      part[i % kAcc] = fmaxf(part[i % kAcc], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+    // m_new = max(m, rowmax(S)) (this thread's quarter of the row, then the quad)
+    mx[r] = m[r];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) mx[r] = fmaxf(mx[r], part[a]);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
     // A row that has seen no visible key keeps max -inf: subtract 0 instead so
     // exp2(-inf - 0) = 0 rather than NaN.
-    const float ms = mx == -INFINITY ? 0.0f : mx * scale_log2;
-    corr[r] = fast_exp2(m[r] * scale_log2 - ms);
-    m[r] = mx;
-    float sum = 0.0f;
+    const float ms = mx[r] == -INFINITY ? 0.0f : mx[r] * scale_log2;
+    corr[r] = fast_exp2(m[r] * scale_log2 - ms);  // exp(m_old - m_new)
+    m[r] = mx[r];
+    float sum[kAcc];
 #pragma unroll
-    for (int i = 0; i < kN / 4; ++i) {
+    for (int a = 0; a < kAcc; ++a) sum[a] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
+        // P = exp2(S * scale * log2 e - m_new * scale * log2 e)
         const float v = fast_exp2(fmaf(s[4 * i + 2 * r + e], scale_log2, -ms));
         s[4 * i + 2 * r + e] = v;
-        sum += v;
+        sum[i % kAcc] += v;
       }
     }
-    // Per-thread partial sums; the quad reduction happens once, in the epilogue.
-    l[r] = l[r] * corr[r] + sum;
+    float total = 0.0f;
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) total += sum[a];
+    // l_new = l * exp(m_old - m_new) + rowsum(P); per-thread partial sums, the
+    // quad reduction happens once, in the epilogue.
+    l[r] = l[r] * corr[r] + total;
   }
 }
 
