@@ -181,6 +181,15 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
   c.window_left = 100;
   c.window_right = 20;
   cases.push_back(c);
+  // d 256 (split-d: the consumers' red.global adds, ordered per query tile).
+  c = make_case(FA_BF16, 777, 1029, 256, seed++);
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = true;
+  cases.push_back(c);
+  c = make_case(FA_F16, 203, 113, 256, seed++);
+  c.batch = 2;
+  cases.push_back(c);
   for (const Case& cs : cases) {
     const Problem p = make_problem(cs);
     Grads first;
@@ -197,10 +206,10 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
   }
 }
 
-// fa_backward takes this kernel for f16/bf16 at head dim 64/128, deterministic
-// or not, and 256 (not deterministic), unless FLASHATTN_DISABLE_SM90 is set,
-// and the result is right; softcap, deterministic varlen or d 256 and other
-// head dims are not this kernel's (sm80 fallback).
+// fa_backward takes this kernel for f16/bf16 at head dim 64/128/256,
+// deterministic or not, unless FLASHATTN_DISABLE_SM90 is set, and the result is
+// right; softcap, deterministic varlen and other head dims are not this
+// kernel's (sm80 fallback).
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -217,7 +226,7 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
         Grads g;
         bool supported = false;
         ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
-        EXPECT_EQ(supported, !cap && (d == 64 || d == 128 || (d == 256 && !det)))
+        EXPECT_EQ(supported, !cap && (d == 64 || d == 128 || d == 256))
             << c.name() << (det ? " deterministic" : "");
         SCOPED_TRACE(c.name() + (det ? " deterministic" : ""));
         expect_matches_reference(p, g);

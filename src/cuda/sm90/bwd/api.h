@@ -12,7 +12,7 @@ namespace flashattn::cuda::sm90 {
 
 // True when the device of p is compute capability 9.0 and p is a case this
 // kernel handles (see tuning.h: f16/bf16, head_dim 64/128/256, no softcap, not
-// deterministic with varlen or at d 256).
+// deterministic with varlen).
 bool supports_backward(const AttentionParams& p);
 
 // supports_backward(p), unless disabled_by_env() (FLASHATTN_DISABLE_SM90).

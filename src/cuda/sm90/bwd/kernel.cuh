@@ -40,19 +40,21 @@
 //   mostly neighbouring key tiles of one head, and in the same order they
 //   would add into the same dQ rows at the same time. Not in deterministic
 //   mode, whose adds go in key-tile order anyway.
-// - Deterministic mode (dQ tiles through TMA only): the reducer warp adds key
-//   tile n's dQ share of query tile m only after key tile n+1 (if it sees m)
-//   has published its own (a counter per (sequence, query head, query tile),
-//   release/acquire, as the sm80 kernel orders its atomics); the highest key
-//   tile is dispatched first so that the chain cannot deadlock. Varlen batches
+// - Deterministic mode: the reducer warp (split-d: the consumers, between two
+//   barriers of their 256 threads) adds key tile n's dQ share of query tile m
+//   only after key tile n+1 (if it sees m) has published its own (a counter
+//   per (sequence, query head, query tile), release/acquire, as the sm80
+//   kernel orders its atomics); the highest key tile is dispatched first so
+//   that the chain cannot deadlock. Varlen batches
 //   fall back to sm80 there: a tile's zero rows past its sequence are added
 //   into the next sequence's rows in no fixed order (the sign of a zero could
 //   change between runs).
 // - compute-sanitizer: memcheck is clean; racecheck reports the producer's
 //   lse/D stores of a stage against the consumers' loads of it (every report
 //   on FLASHATTN_SM90_TEST_SMALL=1 test_sm90_backward is one of these two
-//   store lines against ld_shared_v2): the stores are released by the producer lanes' mbarrier arrivals
-//   on full[s] and acquired by the consumers' try_wait, and the consumers'
+//   store lines against ld_shared_v2): the stores are released by the
+//   producer lanes' mbarrier arrivals on full[s] and acquired by the
+//   consumers' try_wait, and the consumers'
 //   loads are released by their arrivals on empty[s] before the producer
 //   rewrites the stage; racecheck does not model mbarrier ordering (as
 //   test_sm90_primitives notes for bulk copies).
@@ -141,6 +143,9 @@ struct BwdTraits {
   // dQ buffer b: written by the consumers (kDqFull0 + b), drained by the reducer
   // warp (kDqFree0 + b); 256 consumer threads + 32.
   static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4, kDqBarThreads = 128 * kConsumers + 32;
+  // Split-d deterministic mode: the 256 consumer threads meet before and after
+  // a query tile's dQ adds (the wait for key tile n+1, the publication).
+  static constexpr uint32_t kDqOrderBarrier = 6;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
   static_assert(kDqN == 64 || kDqN == 128, "dQ wgmmas are m64n64 or m64n128 (WgmmaSSTT)");
@@ -662,6 +667,19 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + warp * 16) * D +
                          cw * K::kDqN;
         const int rows_left = seq.seqlen_q - q0 - warp * 16;
+        // Deterministic mode: key tile n+1, if it sees query tile m, has added
+        // its share first (acquired by one thread, passed on by the barrier);
+        // ours is published after every thread's adds are performed.
+        int* const sem = p.deterministic ? ws.dq_semaphore(p, b, h, q0 / kBlockM) : nullptr;
+        if (sem != nullptr) {
+          const int n_next = n_tile + 1;
+          if (cw == 0 && tid == 0 && n_next * kBlockN < seq.seqlen_k &&
+              mask.query_begin(n_next * kBlockN) / kBlockM <= q0 / kBlockM) {
+            while (ld_acquire_gpu(sem) != n_next + 1) {
+            }
+          }
+          named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
+        }
 #pragma unroll
         for (int ch = 0; ch < K::kDqN / 32; ++ch) {
           // Fragment tiles 4ch .. 4ch+3 (columns 32ch .. 32ch+31): tile t's
@@ -680,6 +698,11 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
             if (row < rows_left) red_add_v4(dq_base + row * D + 32 * ch + 4 * (lane % 8), v);
           }
           __syncwarp();
+        }
+        if (sem != nullptr) {
+          __threadfence();  // this thread's adds are performed before the semaphore moves
+          named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
+          if (cw == 0 && tid == 0) st_release_gpu(sem, n_tile + 1);
         }
       } else {
         float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
@@ -724,10 +747,11 @@ template <int D, typename T>
 fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   using K = BwdTraits<D, T>;
   if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: head_dim mismatch");
-  // Deterministic mode orders the TMA reduce-adds on the sm80 semaphores, whose
-  // query tiles must be this kernel's.
-  if (p.deterministic &&
-      (!K::kDqTma || ws.dq_sem == nullptr || ws.q_tiles != (p.seqlen_q + K::kBlockM - 1) / K::kBlockM))
+  // Deterministic mode orders the dQ adds (TMA reduce-adds, or the split-d
+  // red.global adds) on the sm80 semaphores, whose query tiles must be this
+  // kernel's.
+  if (p.deterministic && (!(K::kDqTma || K::kSplitD) || ws.dq_sem == nullptr ||
+                          ws.q_tiles != (p.seqlen_q + K::kBlockM - 1) / K::kBlockM))
     return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: deterministic mode needs matching dQ semaphores");
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.

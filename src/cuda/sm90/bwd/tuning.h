@@ -38,10 +38,9 @@
 //             (bottom-right), GQA/MQA (the CTA loops over the query heads of
 //             its group, as sm80 does), varlen (zero-length sequences
 //             included), fully masked rows (zero gradients),
-//             deterministic mode for fixed-length batches at d 64/128 (ordered
-//             TMA dQ adds).
-//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES) and at
-//             d 256 (no room for the dQ tile, see below),
+//             deterministic mode for fixed-length batches (ordered TMA dQ
+//             adds at d 64/128, ordered red.global adds at d 256).
+//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES),
 //             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
 //             in the kernel made ptxas serialize the wgmmas of every case,
 //             warning C7512),
@@ -98,7 +97,8 @@ struct BackwardTuning<128> {
 // red.global (row-contiguous red.v4 after a per-warp transpose through the
 // P^T / dS^T buffer not in use: kernel.cuh NOTES): its f32 tile (64 KB) does
 // not fit beside K, V (64 KB), two Q/dO stages (128 KB), P^T and dS^T (2 x 16
-// KB) = 224 KB, so no deterministic mode here (sm80).
+// KB) = 224 KB. Deterministic mode orders those adds per query tile instead
+// (kernel.cuh NOTES).
 template <>
 struct BackwardTuning<256> {
   static constexpr bool kSplitD = true;
