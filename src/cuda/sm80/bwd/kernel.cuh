@@ -236,14 +236,7 @@ __device__ __forceinline__ void wait_for_predecessor(const AttentionParams& p, c
                                                   const MaskPolicy& mask, int b, int h, int m,
                                                   int n_tile, int block_m, int block_n,
                                                   int seqlen_k) {
-  const int n_next = n_tile + 1;
-  const bool has_pred =
-      n_next * block_n < seqlen_k && mask.query_begin(n_next * block_n) / block_m <= m;
-  if (threadIdx.x == 0 && has_pred) {
-    const int* sem = ws.dq_semaphore(p, b, h, m);
-    while (ld_acquire_gpu(sem) != n_next + 1) {
-    }
-  }
+  if (threadIdx.x == 0) wait_dq_turn(ws.dq_semaphore(p, b, h, m), mask, m, n_tile, block_m, block_n, seqlen_k);
   __syncthreads();
 }
 
@@ -516,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.deterministic) {
         __threadfence();  // this CTA's adds are performed before the semaphore moves
         __syncthreads();
-        if (tid == 0) st_release_gpu(ws.dq_semaphore(p, b, h, m), n_tile + 1);
+        if (tid == 0) publish_dq_turn(ws.dq_semaphore(p, b, h, m), n_tile);
       }
     }
     if (stages == 1) __syncthreads();  // the single stage is reloaded next

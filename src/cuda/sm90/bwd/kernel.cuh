@@ -292,11 +292,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         int* sem = p.deterministic ? ws.dq_semaphore(p, b, h, m) : nullptr;
         if (sem != nullptr && lane == 0) {
           // Key tile n+1, if it sees query tile m, adds its share first.
-          const int n_next = n_tile + 1;
-          if (n_next * kBlockN < seq.seqlen_k && mask.query_begin(n_next * kBlockN) / kBlockM <= m) {
-            while (ld_acquire_gpu(sem) != n_next + 1) {
-            }
-          }
+          wait_dq_turn(sem, mask, m, n_tile, kBlockM, kBlockN, seq.seqlen_k);
           fence_proxy_async_global();  // its adds (seen by the acquire) before ours
         }
         named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
@@ -309,7 +305,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
           if (sem != nullptr) {
             bulk_wait<0>();  // the adds are performed, then published
             fence_proxy_async_global();
-            st_release_gpu(sem, n_tile + 1);
+            publish_dq_turn(sem, n_tile);
           } else {
             bulk_wait_read<0>();
           }
@@ -672,12 +668,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         // ours is published after every thread's adds are performed.
         int* const sem = p.deterministic ? ws.dq_semaphore(p, b, h, q0 / kBlockM) : nullptr;
         if (sem != nullptr) {
-          const int n_next = n_tile + 1;
-          if (cw == 0 && tid == 0 && n_next * kBlockN < seq.seqlen_k &&
-              mask.query_begin(n_next * kBlockN) / kBlockM <= q0 / kBlockM) {
-            while (ld_acquire_gpu(sem) != n_next + 1) {
-            }
-          }
+          if (cw == 0 && tid == 0) wait_dq_turn(sem, mask, q0 / kBlockM, n_tile, kBlockM, kBlockN, seq.seqlen_k);
           named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
         }
 #pragma unroll
@@ -702,7 +693,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         if (sem != nullptr) {
           __threadfence();  // this thread's adds are performed before the semaphore moves
           named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
-          if (cw == 0 && tid == 0) st_release_gpu(sem, n_tile + 1);
+          if (cw == 0 && tid == 0) publish_dq_turn(sem, n_tile);
         }
       } else {
         float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;

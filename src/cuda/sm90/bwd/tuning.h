@@ -23,7 +23,7 @@
 //             warpgroup adds them into the f32 accumulator with TMA reduce-adds
 //             (FA3's way), instead of consumer threads issuing red.global
 //             adds (red.v2 from the fragment; at d 256 red.v4 along rows).
-//             The deterministic mode needs the TMA path.
+//             At d 64/128 the deterministic mode needs the TMA path.
 //   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
 //   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
 // ptxas must neither spill nor serialize the wgmmas ("C7512: wgmma.mma_async
