@@ -28,23 +28,22 @@ __device__ __forceinline__ void red_v4(float* p, float a, float b, float c, floa
                : "memory");
 }
 
-__global__ void frag_v2(float* acc) {
+// kRowContiguous false: frag_v2; true: rows_v4 (see above). Same tile, same adds.
+template <bool kRowContiguous>
+__global__ void add_tile(float* acc) {
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
   float* tile = acc + static_cast<size_t>(blockIdx.x % kTiles) * kRows * kCols;
-  for (int it = 0; it < kReps; ++it)
-    for (int r = 0; r < 2; ++r)
-      for (int i = 0; i < 16; ++i)
-        red_v2(tile + (warp * 16 + lane / 4 + 8 * r) * kCols + wg * 128 + 8 * i + 2 * (lane % 4), 1.f, 1.f);
-}
-
-__global__ void rows_v4(float* acc) {
-  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, wg = threadIdx.x / 128;
-  float* tile = acc + static_cast<size_t>(blockIdx.x % kTiles) * kRows * kCols;
-  for (int it = 0; it < kReps; ++it)
-    for (int ch = 0; ch < 4; ++ch)
-      for (int j = 0; j < 4; ++j)
-        red_v4(tile + (warp * 16 + lane / 8 + 4 * j) * kCols + wg * 128 + ch * 32 + 4 * (lane % 8), 1.f, 1.f,
-               1.f, 1.f);
+  float* warp_rows = tile + warp * 16 * kCols + wg * 128;  // this warp's 16 rows x 128 columns
+  for (int it = 0; it < kReps; ++it) {
+    if constexpr (kRowContiguous) {
+      for (int ch = 0; ch < 4; ++ch)
+        for (int j = 0; j < 4; ++j)
+          red_v4(warp_rows + (lane / 8 + 4 * j) * kCols + ch * 32 + 4 * (lane % 8), 1.f, 1.f, 1.f, 1.f);
+    } else {
+      for (int r = 0; r < 2; ++r)
+        for (int i = 0; i < 16; ++i) red_v2(warp_rows + (lane / 4 + 8 * r) * kCols + 8 * i + 2 * (lane % 4), 1.f, 1.f);
+    }
+  }
 }
 
 }  // namespace
@@ -65,9 +64,9 @@ int main() {
     for (int variant = 0; variant < 2; ++variant) {
       cudaEventRecord(start);
       if (variant == 0) {
-        frag_v2<<<kBlocks, kThreads>>>(acc);
+        add_tile<false><<<kBlocks, kThreads>>>(acc);
       } else {
-        rows_v4<<<kBlocks, kThreads>>>(acc);
+        add_tile<true><<<kBlocks, kThreads>>>(acc);
       }
       cudaEventRecord(stop);
       cudaEventSynchronize(stop);
