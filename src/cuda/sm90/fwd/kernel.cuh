@@ -40,6 +40,7 @@
 #include "core/params.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/fwd/launch.h"
+#include "cuda/sm90/fwd/schedule.h"
 #include "cuda/sm90/fwd/tma_store.h"
 #include "cuda/sm90/fwd/tuning.h"
 #include "cuda/sm90/sync.h"
@@ -49,12 +50,10 @@
 namespace flashattn::cuda::sm90 {
 
 struct FwdArgs {
-  int num_m_blocks;   // query tiles per (sequence, head), from the longest sequence
-  int num_tiles;      // num_m_blocks * heads_q * batch
+  TileOrder order;    // which query tile each CTA takes in each round (schedule.h)
   float scale_log2;   // logit_scale * log2(e): exp(x) = exp2(x * log2 e)
   float logit_scale;  // logits = S * logit_scale after the optional tanh
   float softcap_in;   // 0: no softcap; else S -> tanh(S * softcap_in), softcap_in = scale / softcap
-  int group_heads;    // (batch, head) pairs per L2 group of the tile order (see snake_rank)
 };
 
 // C: consumer warpgroups (the tuning's kConsumers, or kCausalConsumers for the
@@ -111,36 +110,11 @@ struct TileWork {
   bool valid;          // m0 < seqlen_q of this sequence
 };
 
-// NOTES: the persistent walk. Tile ranks are dealt to the CTAs in a snake:
-// round r gives rank r*G + c to CTA c when r is even and r*G + G-1-c when r
-// is odd (G = gridDim.x), so a CTA that drew an expensive tile in one round
-// draws a cheap one in the next. Rank -> tile: (batch, head) pairs are cut into
-// groups whose K/V fit in half the L2 (group_heads pairs); a group's tiles come
-// query tile outer, heaviest (last, for bottom-right causal) first, (batch,
-// head) inner. Ranks thus fall in cost within a group (a longest-first greedy
-// with the snake), and the CTAs of a round work on a few heads whose K/V stay
-// in L2 while they walk the keys in step.
-// (Measured before: plain round-robin over (batch, head)-outer ranks gave CTA c
-// the query tiles c, c+4, c+8, ... of every head when G = 132 and there are
-// 128 tiles per head: some CTAs only heavy tiles, others only light ones:
-// 396 TFLOP/s at hdim 128, 16k, causal vs 490 at 8k. Query-tile outer over all
-// heads instead would re-read every head's K/V from HBM once per query tile
-// when the heads do not fit in L2.)
-__device__ __forceinline__ int snake_rank(int round, int grid, int cta) {
-  return round * grid + ((round & 1) ? grid - 1 - cta : cta);
-}
-
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const FwdArgs& a, int t) {
   TileWork w;
-  const int num_bh = p.batch * p.heads_q;
-  const int per_group = a.group_heads * a.num_m_blocks;
-  const int g = t / per_group;
-  const int r = t - g * per_group;
-  const int bh0 = g * a.group_heads;
-  const int n_bh = min(a.group_heads, num_bh - bh0);
-  const int mb = a.num_m_blocks - 1 - r / n_bh;
-  const int bh = bh0 + r % n_bh;
+  int bh, mb;
+  tile_of_rank(a.order, p.batch * p.heads_q, t, bh, mb);
   w.b = bh / p.heads_q;
   w.h = bh - w.b * p.heads_q;
   w.seq = sequence_info(p, w.b);
@@ -291,9 +265,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
       // The next tile of this CTA's walk that has loads, from round `round` on
       // (the consumers skip the same tiles: invalid, or no visible key).
       auto next_tile = [&](int& round, Loads& l) {
-        for (; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
+        for (; round * static_cast<int>(gridDim.x) < a.order.num_tiles; ++round) {
           const int t = snake_rank(round, gridDim.x, blockIdx.x);
-          if (t >= a.num_tiles) continue;
+          if (t >= a.order.num_tiles) continue;
           const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
           if (!w.valid || w.n_end <= w.n_begin) continue;
           l.row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
@@ -400,9 +374,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 
     int qt = 0;  // tiles with loads so far, as the producer counts them
     int it = 0;
-    for (int round = 0; round * static_cast<int>(gridDim.x) < a.num_tiles; ++round) {
+    for (int round = 0; round * static_cast<int>(gridDim.x) < a.order.num_tiles; ++round) {
       const int t = snake_rank(round, gridDim.x, blockIdx.x);
-      if (t >= a.num_tiles) continue;
+      if (t >= a.order.num_tiles) continue;
       const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
       if (!w.valid) continue;
       const MaskPolicy mask = mask_for(p, w.seq);
@@ -709,11 +683,10 @@ fa_status launch_kernel(const AttentionParams& p) {
   }
 
   FwdArgs a;
-  a.num_m_blocks = (p.seqlen_q + K::kBlockM - 1) / K::kBlockM;
-  const int64_t tiles = static_cast<int64_t>(a.num_m_blocks) * p.heads_q * p.batch;
+  const int num_m_blocks = (p.seqlen_q + K::kBlockM - 1) / K::kBlockM;
+  const int64_t tiles = static_cast<int64_t>(num_m_blocks) * p.heads_q * p.batch;
   if (tiles == 0) return FA_OK;
   if (tiles > (1ll << 30)) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: too many tiles");
-  a.num_tiles = static_cast<int>(tiles);
   if (p.softcap > 0.0f) {
     a.softcap_in = p.scale / p.softcap;
     a.logit_scale = p.softcap;
@@ -735,25 +708,8 @@ fa_status launch_kernel(const AttentionParams& p) {
   const double fit = (l2_bytes / 2) / (kv_per_head > 1.0 ? kv_per_head : 1.0);
   const int num_bh = p.batch * p.heads_q;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
-  // At least two rounds of tiles per group: the snake evens out costs only
-  // where ranks fall in cost across a pair of rounds. (With one head per group
-  // at hdim 256, 16k, causal, a round spanned two groups: 416 TFLOP/s.) What
-  // must stay in L2 is then the band of keys the group's CTAs walk in step.
-  const int rounds_per_group = Tune::kTightGroups && !p.has_mask() ? 1 : 2;
-  const int min_group = (rounds_per_group * grid + a.num_m_blocks - 1) / a.num_m_blocks;
-  int group = fit >= num_bh ? num_bh : static_cast<int>(fit);
-  // NOTES (kTightGroups, unmasked only): the smallest group that spans one
-  // round (every tile costs the same, so the snake has nothing to even out)
-  // rather than as many heads as half the L2 holds. The CTAs of a round then
-  // share fewer heads, each head's K/V is walked by more CTAs at once, and
-  // fewer loads miss L2 (hdim 128, 2k, non-causal, 25-head groups: 481 MB
-  // read from DRAM vs cuDNN's 201, ncu). Measured +3-4% at 2k/4k. With a
-  // mask the smallest two-round group lost 6-19% at 2k (d128 / d64 causal):
-  // a round then straddles two groups and the snake's pairing of heavy and
-  // light tiles breaks (as in the hdim 256 note above).
-  if (Tune::kTightGroups && !p.has_mask() && group > min_group) group = min_group;
-  if (group < min_group) group = min_group;
-  a.group_heads = group < num_bh ? group : num_bh;
+  a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
+                            {Tune::kTightGroups, Tune::kBalancedGroups});
 
   auto kernel = forward_kernel<D, T, C>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);

@@ -1,0 +1,58 @@
+"""One shape of flashattn's CUDA forward or backward, run a few times, for ncu / nsys.
+
+The protocol's shapes (16384 tokens, hidden 2048, bf16 randn). --phase backward: out and
+lse come from the library's forward, and each iteration is one fa_backward call
+(pre-pass, main kernel, post-pass). An ncu filter such as
+`-k regex:forward_kernel --launch-skip 2 --launch-count 1` picks a warm launch.
+
+Usage: FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \\
+       python3 bench/profile_attention.py --phase forward --hdim 128 --seqlen 2048 [--causal]
+"""
+
+import argparse
+
+import torch
+
+from flashattn import _capi
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phase", choices=("forward", "backward"), default="backward")
+    ap.add_argument("--hdim", type=int, default=256)
+    ap.add_argument("--seqlen", type=int, default=1024)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--iters", type=int, default=5)
+    args = ap.parse_args()
+    d, s = args.hdim, args.seqlen
+    b, h = TOKENS // s, HIDDEN // d
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn((b, s, h, d), device="cuda", dtype=torch.bfloat16, generator=gen)
+                     for _ in range(4))
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+    if args.phase == "forward":
+        run = lambda: _capi.forward(q, k, v, out, lse, causal=args.causal)
+        results = (out, lse)
+    else:
+        _capi.forward(q, k, v, out, lse, causal=args.causal)
+        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+        ws = torch.empty(_capi.backward_workspace_size(q, k, v, causal=args.causal), device="cuda",
+                         dtype=torch.uint8)
+        run = lambda: _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=args.causal,
+                                     workspace=ws)
+        results = (dq, dk, dv)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(args.iters):
+        start.record()
+        run()
+        stop.record()
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(x).all() for x in results)
+    print(f"{args.phase} d{d} s{s} causal={args.causal}: last call {start.elapsed_time(stop) * 1e3:.0f} us")
+
+
+if __name__ == "__main__":
+    main()

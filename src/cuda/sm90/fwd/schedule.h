@@ -1,0 +1,123 @@
+// The tile order of the persistent Hopper forward kernel: which query tile
+// each CTA takes in each round. Plain C++ (host and device), so the CPU tests
+// check that every tile is taken exactly once.
+//
+// NOTES: the persistent walk. Tile ranks are dealt to the CTAs in a snake:
+// round r gives rank r*G + c to CTA c when r is even and r*G + G-1-c when r
+// is odd (G = gridDim.x), so a CTA that drew an expensive tile in one round
+// draws a cheap one in the next. Rank -> tile: (batch, head) pairs are cut into
+// groups whose K/V fit in half the L2; a group's tiles come query tile outer,
+// heaviest (last, for bottom-right causal) first, (batch, head) inner. Ranks
+// thus fall in cost within a group (a longest-first greedy with the snake),
+// and the CTAs of a round work on a few heads whose K/V stay in L2 while they
+// walk the keys in step.
+// (Measured before: plain round-robin over (batch, head)-outer ranks gave CTA c
+// the query tiles c, c+4, c+8, ... of every head when G = 132 and there are
+// 128 tiles per head: some CTAs only heavy tiles, others only light ones:
+// 396 TFLOP/s at hdim 128, 16k, causal vs 490 at 8k. Query-tile outer over all
+// heads instead would re-read every head's K/V from HBM once per query tile
+// when the heads do not fit in L2.)
+#pragma once
+
+#include "core/mask.h"  // FA_HOST_DEVICE
+
+namespace flashattn::cuda::sm90 {
+
+struct TileOrder {
+  int num_m_blocks;  // query tiles per (sequence, head), from the longest sequence
+  int num_tiles;     // num_m_blocks * number of (batch, head) pairs
+  int group_heads;   // (batch, head) pairs per L2 group
+  int group_extra;   // the first group_extra groups have one pair more
+};
+
+FA_HOST_DEVICE int snake_rank(int round, int grid, int cta) {
+  return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+}
+
+// Rank t -> (batch, head) pair bh and query tile mb.
+FA_HOST_DEVICE void tile_of_rank(const TileOrder& o, int num_bh, int t, int& bh, int& mb) {
+  // Groups 0 .. group_extra - 1 have group_heads + 1 pairs, the rest
+  // group_heads (the last one fewer where the partition is not balanced).
+  const int big = (o.group_heads + 1) * o.num_m_blocks;
+  const int split = o.group_extra * big;
+  int r, bh0, n_bh;
+  if (t < split) {
+    const int g = t / big;
+    r = t - g * big;
+    bh0 = g * (o.group_heads + 1);
+    n_bh = o.group_heads + 1;
+  } else {
+    const int per_group = o.group_heads * o.num_m_blocks;
+    const int g = (t - split) / per_group;
+    r = t - split - g * per_group;
+    bh0 = o.group_extra * (o.group_heads + 1) + g * o.group_heads;
+    n_bh = o.group_heads < num_bh - bh0 ? o.group_heads : num_bh - bh0;
+  }
+  mb = o.num_m_blocks - 1 - r / n_bh;
+  bh = bh0 + r % n_bh;
+}
+
+// What shapes the order besides the problem size.
+struct TileOrderPolicy {
+  bool tight_groups;     // unmasked: the smallest group that spans one round
+  bool balanced_groups;  // equal groups (+-1) instead of full ones and a remainder
+};
+
+// kTightMinHeads: tight groups only where a round spans at least this many
+// heads anyway (see the NOTES in plan_tile_order).
+constexpr int kTightMinHeads = 4;
+
+// grid: CTAs; l2_fit: (batch, head) pairs whose K/V fill half the L2.
+inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double l2_fit, bool masked,
+                                 TileOrderPolicy policy) {
+  TileOrder o;
+  o.num_m_blocks = num_m_blocks;
+  o.num_tiles = num_m_blocks * num_bh;
+  // At least two rounds of tiles per group: the snake evens out costs only
+  // where ranks fall in cost across a pair of rounds. (With one head per group
+  // at hdim 256, 16k, causal, a round spanned two groups: 416 TFLOP/s.) What
+  // must stay in L2 is then the band of keys the group's CTAs walk in step.
+  const bool tight = policy.tight_groups && !masked && grid >= kTightMinHeads * num_m_blocks;
+  const int rounds_per_group = tight ? 1 : 2;
+  const int min_group = (rounds_per_group * grid + num_m_blocks - 1) / num_m_blocks;
+  int group = l2_fit >= num_bh ? num_bh : static_cast<int>(l2_fit);
+  // NOTES (tight groups, unmasked only): the smallest group that spans one
+  // round (every tile costs the same, so the snake has nothing to even out)
+  // rather than as many heads as half the L2 holds. The CTAs of a round then
+  // share fewer heads, each head's K/V is walked by more CTAs at once, and
+  // fewer loads miss L2 (hdim 128, 2k, non-causal, 25-head groups: 481 MB
+  // read from DRAM vs cuDNN's 201, ncu). Measured (H100, bf16, 5 A/B runs,
+  // bench/results/2026-11-24-h100-session5.md): d128 1k +9%, 2k +3-5%, d64
+  // 2k +3-5%. With a mask the smallest two-round group lost 6-19% at 2k
+  // (d128 / d64 causal): a round then straddles two groups and the snake's
+  // pairing of heavy and light tiles breaks (as in the hdim 256 note above).
+  // Where one round spans fewer than kTightMinHeads heads (8k and up at 128-row
+  // tiles), tight groups measured -3..-5% at 16k (d64, d128, d256, three runs):
+  // a round's CTAs then all walk one or two heads.
+  if (tight && group > min_group) group = min_group;
+  if (group < min_group) group = min_group;
+  if (group > num_bh) group = num_bh;
+  // NOTES (balanced groups): the pairs are split into as many groups as groups
+  // of `group` pairs would need, of equal size (+-1), rather than into groups
+  // of `group` and a remainder. A small last group puts its heaviest causal
+  // tiles (the whole key range) into the last round, where most CTAs are
+  // idle: with 64 heads in groups of 12 (hdim 128, 4k), a 4-head last group.
+  // One group of all pairs (no tail, no L2 grouping) measured +6-10% at
+  // 8k/16k causal (d128, d256) and -16..-35% at 1k/2k (L2 misses); fewer,
+  // larger equal groups (num_bh / group of them) +4-11% at 4k-16k causal and
+  // -4..-16% at 1k/2k, where they outgrew half the L2: hence groups no
+  // larger than `group`. And no smaller than min_group: equal groups of 32
+  // pairs where min_group was 33 (hdim 256, 1k-8k causal) spanned just under
+  // two rounds and lost 16-20%.
+  const int n_groups = (num_bh + group - 1) / group;
+  if (policy.balanced_groups && num_bh / n_groups >= min_group) {
+    o.group_heads = num_bh / n_groups;
+    o.group_extra = num_bh % n_groups;
+  } else {
+    o.group_heads = group;
+    o.group_extra = 0;
+  }
+  return o;
+}
+
+}  // namespace flashattn::cuda::sm90

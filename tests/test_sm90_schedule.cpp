@@ -1,0 +1,124 @@
+// The Hopper forward kernel's tile order (src/cuda/sm90/fwd/schedule.h), on the
+// CPU: every query tile of every (batch, head) pair is dealt exactly once, the
+// groups are as planned, and ranks fall in cost within a group.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cuda/sm90/fwd/schedule.h"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+struct Shape {
+  int num_m_blocks, num_bh, grid;
+  double l2_fit;
+  bool masked;
+};
+
+// The protocol's shapes on 132 SMs (16k tokens, hidden 2048, 128-row tiles,
+// half of a 50 MB L2 over 4 * seqlen * d bytes of K/V per head) and odd ones:
+// fewer tiles than CTAs, a fit below one head, remainders of every size.
+std::vector<Shape> shapes() {
+  std::vector<Shape> v;
+  for (int d : {64, 128, 256}) {
+    for (int s = 512; s <= 16384; s *= 2) {
+      const int m = s / 128, bh = (16384 / s) * (2048 / d);
+      const double fit = (25.0 * (1 << 20)) / (4.0 * s * d);
+      v.push_back({m, bh, 132, fit, false});
+      v.push_back({m, bh, 132, fit, true});
+    }
+  }
+  for (int bh : {1, 2, 3, 7, 17, 33, 100}) {
+    for (int m : {1, 3, 8, 65}) {
+      for (double fit : {0.5, 2.0, 5.0, 1e9}) {
+        const int grid = m * bh < 132 ? m * bh : 132;
+        v.push_back({m, bh, grid, fit, false});
+        v.push_back({m, bh, grid, fit, true});
+      }
+    }
+  }
+  return v;
+}
+
+TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
+  for (const TileOrderPolicy policy : {TileOrderPolicy{false, false}, TileOrderPolicy{true, true},
+                                       TileOrderPolicy{false, true}}) {
+    for (const Shape& s : shapes()) {
+      const TileOrder o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, s.masked, policy);
+      SCOPED_TRACE(testing::Message() << "m " << s.num_m_blocks << " bh " << s.num_bh << " grid "
+                                      << s.grid << " fit " << s.l2_fit << " masked " << s.masked
+                                      << " groups " << o.group_heads << " +1 x" << o.group_extra);
+      ASSERT_EQ(o.num_tiles, s.num_m_blocks * s.num_bh);
+      ASSERT_GE(o.group_heads, 1);
+      ASSERT_LE(o.group_extra * (o.group_heads + 1), s.num_bh);
+      // The kernel's walk: CTA c takes snake_rank(round, grid, c) while it is
+      // below num_tiles.
+      std::vector<int> seen(o.num_tiles, 0);
+      for (int c = 0; c < s.grid; ++c) {
+        for (int round = 0; round * s.grid < o.num_tiles; ++round) {
+          const int t = snake_rank(round, s.grid, c);
+          if (t >= o.num_tiles) continue;
+          int bh = -1, mb = -1;
+          tile_of_rank(o, s.num_bh, t, bh, mb);
+          ASSERT_GE(bh, 0);
+          ASSERT_LT(bh, s.num_bh);
+          ASSERT_GE(mb, 0);
+          ASSERT_LT(mb, s.num_m_blocks);
+          ++seen[bh * s.num_m_blocks + mb];
+        }
+      }
+      for (int i = 0; i < o.num_tiles; ++i) ASSERT_EQ(seen[i], 1) << "tile " << i;
+      // Within a group (consecutive ranks over the same pairs) the query tile
+      // never rises: the heaviest causal tiles come first.
+      int prev_bh = -1, prev_mb = 0, group_first_bh = -1;
+      for (int t = 0; t < o.num_tiles; ++t) {
+        int bh, mb;
+        tile_of_rank(o, s.num_bh, t, bh, mb);
+        const bool new_group = bh > prev_bh && mb == s.num_m_blocks - 1 && (t == 0 || prev_mb == 0);
+        if (new_group) group_first_bh = bh;
+        if (t > 0 && !new_group) ASSERT_LE(mb, prev_mb) << "rank " << t;
+        ASSERT_GE(bh, group_first_bh);
+        prev_bh = bh;
+        prev_mb = mb;
+      }
+    }
+  }
+}
+
+TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
+  // hdim 128, 4k, causal: 64 pairs, 12 fit, 32 tiles per head: 6 groups of
+  // 10-11 rather than 5 of 12 and one of 4.
+  TileOrder o = plan_tile_order(32, 64, 132, 12.5, true, {true, true});
+  EXPECT_EQ(o.group_heads, 10);
+  EXPECT_EQ(o.group_extra, 4);
+  o = plan_tile_order(32, 64, 132, 12.5, true, {true, false});
+  EXPECT_EQ(o.group_heads, 12);
+  EXPECT_EQ(o.group_extra, 0);
+  // hdim 256, 1k, causal: 128 pairs, 8 tiles each, two rounds need 33 pairs:
+  // four equal groups of 32 would span under two rounds, so 33s and a rest.
+  o = plan_tile_order(8, 128, 132, 25.0, true, {true, true});
+  EXPECT_EQ(o.group_heads, 33);
+  EXPECT_EQ(o.group_extra, 0);
+  // Every balanced plan keeps each group at two rounds or more.
+  for (const Shape& s : shapes()) {
+    if (s.masked) {
+      o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, true, {true, true});
+      if (o.group_extra > 0 || s.num_bh % o.group_heads == 0) {
+        const int smallest = o.group_heads < s.num_bh ? o.group_heads : s.num_bh;
+        EXPECT_TRUE(smallest * s.num_m_blocks >= 2 * s.grid || smallest == s.num_bh)
+            << "m " << s.num_m_blocks << " bh " << s.num_bh;
+      }
+    }
+  }
+  // Unmasked, a round spanning >= 4 heads: tight one-round groups.
+  o = plan_tile_order(16, 128, 132, 25.0, false, {true, true});
+  EXPECT_GE(o.group_heads * 16, 132);
+  EXPECT_LT(o.group_heads, 25);
+  // ... and not where a round spans fewer heads (16k: 128 tiles per head).
+  o = plan_tile_order(128, 16, 132, 3.0, false, {true, true});
+  EXPECT_GE(o.group_heads, 3);
+}
+
+}  // namespace
+}  // namespace flashattn::cuda::sm90
