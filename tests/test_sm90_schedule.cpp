@@ -96,10 +96,20 @@ TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
   EXPECT_EQ(o.group_heads, 12);
   EXPECT_EQ(o.group_extra, 0);
   // hdim 256, 1k, causal: 128 pairs, 8 tiles each, two rounds need 33 pairs:
-  // four equal groups of 32 would span under two rounds, so 33s and a rest.
+  // four equal groups of 32 would span under two rounds, and the remainder
+  // (29) is over two thirds of a group: 33s and a rest.
   o = plan_tile_order(8, 128, 132, 25.0, true, {true, true});
   EXPECT_EQ(o.group_heads, 33);
   EXPECT_EQ(o.group_extra, 0);
+  // hdim 256, 4k, causal: 32 pairs, two rounds need 9, the remainder 5 of a
+  // 9-group is under two thirds: three groups of 10-11; 8k: 16 pairs in
+  // groups of 5, remainder 1: three groups of 5-6.
+  o = plan_tile_order(32, 32, 132, 6.25, true, {true, true});
+  EXPECT_EQ(o.group_heads, 10);
+  EXPECT_EQ(o.group_extra, 2);
+  o = plan_tile_order(64, 16, 132, 3.1, true, {true, true});
+  EXPECT_EQ(o.group_heads, 5);
+  EXPECT_EQ(o.group_extra, 1);
   // Every balanced plan keeps each group at two rounds or more.
   for (const Shape& s : shapes()) {
     if (s.masked) {

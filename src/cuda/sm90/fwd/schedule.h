@@ -106,11 +106,19 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   // 8k/16k causal (d128, d256) and -16..-35% at 1k/2k (L2 misses); fewer,
   // larger equal groups (num_bh / group of them) +4-11% at 4k-16k causal and
   // -4..-16% at 1k/2k, where they outgrew half the L2: hence groups no
-  // larger than `group`. And no smaller than min_group: equal groups of 32
-  // pairs where min_group was 33 (hdim 256, 1k-8k causal) spanned just under
-  // two rounds and lost 16-20%.
-  const int n_groups = (num_bh + group - 1) / group;
-  if (policy.balanced_groups && num_bh / n_groups >= min_group) {
+  // larger than `group` where that keeps them at min_group or more: equal
+  // groups of 32 pairs where min_group was 33 (hdim 256, 1k-8k causal)
+  // spanned just under two rounds and lost 16-20%. Otherwise the remainder
+  // joins the other groups (num_bh / group of them, each a little over
+  // `group`) only when it is at most two thirds of a group: there the tail
+  // cost more than the L2 spill (hdim 256 causal: 9,9,9,5 -> 11,11,10 at 4k
+  // +11%, 5,5,5,1 -> 6,5,5 at 8k +9%; 17,17,17,13 -> 22,21,21 at 2k -7.5%,
+  // 33,33,33,29 -> 43,43,42 at 1k -16%).
+  const int n_small = (num_bh + group - 1) / group;
+  const int n_large = num_bh / group;
+  const int n_groups = num_bh / n_small >= min_group ? n_small
+                       : 3 * (num_bh % group) <= 2 * group ? n_large : 0;
+  if (policy.balanced_groups && n_groups > 0) {
     o.group_heads = num_bh / n_groups;
     o.group_extra = num_bh % n_groups;
   } else {
