@@ -42,8 +42,9 @@ std::vector<Shape> shapes() {
 }
 
 TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
-  for (const TileOrderPolicy policy : {TileOrderPolicy{false, false}, TileOrderPolicy{true, true},
-                                       TileOrderPolicy{false, true}}) {
+  for (const TileOrderPolicy policy :
+       {TileOrderPolicy{false, false, false}, TileOrderPolicy{true, true, false},
+        TileOrderPolicy{false, true, false}, TileOrderPolicy{true, true, true}}) {
     for (const Shape& s : shapes()) {
       const TileOrder o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, s.masked, policy);
       SCOPED_TRACE(testing::Message() << "m " << s.num_m_blocks << " bh " << s.num_bh << " grid "
@@ -52,27 +53,38 @@ TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
       ASSERT_EQ(o.num_tiles, s.num_m_blocks * s.num_bh);
       ASSERT_GE(o.group_heads, 1);
       ASSERT_LE(o.group_extra * (o.group_heads + 1), s.num_bh);
-      // The kernel's walk: CTA c takes snake_rank(round, grid, c) while it is
-      // below num_tiles.
+      ASSERT_EQ(o.paired, policy.causal_pairs && s.num_m_blocks >= 2 ? 1 : 0);
+      // The kernel's walk: CTA c takes rank_of(o, round, grid, c) for each of
+      // num_rounds rounds while it is below num_ranks (mb = -1: nothing).
       std::vector<int> seen(o.num_tiles, 0);
       for (int c = 0; c < s.grid; ++c) {
-        for (int round = 0; round * s.grid < o.num_tiles; ++round) {
-          const int t = snake_rank(round, s.grid, c);
-          if (t >= o.num_tiles) continue;
+        int pair_bh = -1, pair_mb = -1;
+        for (int round = 0; round < o.num_rounds; ++round) {
+          const int t = rank_of(o, round, s.grid, c);
+          if (t >= o.num_ranks) continue;
           int bh = -1, mb = -1;
           tile_of_rank(o, s.num_bh, t, bh, mb);
           ASSERT_GE(bh, 0);
           ASSERT_LT(bh, s.num_bh);
-          ASSERT_GE(mb, 0);
+          ASSERT_GE(mb, o.paired ? -1 : 0);
           ASSERT_LT(mb, s.num_m_blocks);
-          ++seen[bh * s.num_m_blocks + mb];
+          if (o.paired && round % 2 == 0) {
+            pair_bh = bh;
+            pair_mb = mb;
+          } else if (o.paired) {
+            // The second half: the same head, the complementary query tile.
+            ASSERT_EQ(bh, pair_bh);
+            ASSERT_TRUE(mb == -1 ? 2 * pair_mb == s.num_m_blocks - 1 : mb + pair_mb == s.num_m_blocks - 1);
+          }
+          if (mb >= 0) ++seen[bh * s.num_m_blocks + mb];
         }
       }
       for (int i = 0; i < o.num_tiles; ++i) ASSERT_EQ(seen[i], 1) << "tile " << i;
+      if (o.paired) continue;
       // Within a group (consecutive ranks over the same pairs) the query tile
       // never rises: the heaviest causal tiles come first.
       int prev_bh = -1, prev_mb = 0, group_first_bh = -1;
-      for (int t = 0; t < o.num_tiles; ++t) {
+      for (int t = 0; t < o.num_ranks; ++t) {
         int bh, mb;
         tile_of_rank(o, s.num_bh, t, bh, mb);
         const bool new_group = bh > prev_bh && mb == s.num_m_blocks - 1 && (t == 0 || prev_mb == 0);
@@ -89,31 +101,31 @@ TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
 TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
   // hdim 128, 4k, causal: 64 pairs, 12 fit, 32 tiles per head: 6 groups of
   // 10-11 rather than 5 of 12 and one of 4.
-  TileOrder o = plan_tile_order(32, 64, 132, 12.5, true, {true, true});
+  TileOrder o = plan_tile_order(32, 64, 132, 12.5, true, {true, true, false});
   EXPECT_EQ(o.group_heads, 10);
   EXPECT_EQ(o.group_extra, 4);
-  o = plan_tile_order(32, 64, 132, 12.5, true, {true, false});
+  o = plan_tile_order(32, 64, 132, 12.5, true, {true, false, false});
   EXPECT_EQ(o.group_heads, 12);
   EXPECT_EQ(o.group_extra, 0);
   // hdim 256, 1k, causal: 128 pairs, 8 tiles each, two rounds need 33 pairs:
   // four equal groups of 32 would span under two rounds, and the remainder
   // (29) is over two thirds of a group: 33s and a rest.
-  o = plan_tile_order(8, 128, 132, 25.0, true, {true, true});
+  o = plan_tile_order(8, 128, 132, 25.0, true, {true, true, false});
   EXPECT_EQ(o.group_heads, 33);
   EXPECT_EQ(o.group_extra, 0);
   // hdim 256, 4k, causal: 32 pairs, two rounds need 9, the remainder 5 of a
   // 9-group is under two thirds: three groups of 10-11; 8k: 16 pairs in
   // groups of 5, remainder 1: three groups of 5-6.
-  o = plan_tile_order(32, 32, 132, 6.25, true, {true, true});
+  o = plan_tile_order(32, 32, 132, 6.25, true, {true, true, false});
   EXPECT_EQ(o.group_heads, 10);
   EXPECT_EQ(o.group_extra, 2);
-  o = plan_tile_order(64, 16, 132, 3.1, true, {true, true});
+  o = plan_tile_order(64, 16, 132, 3.1, true, {true, true, false});
   EXPECT_EQ(o.group_heads, 5);
   EXPECT_EQ(o.group_extra, 1);
   // Every balanced plan keeps each group at two rounds or more.
   for (const Shape& s : shapes()) {
     if (s.masked) {
-      o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, true, {true, true});
+      o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, true, {true, true, false});
       if (o.group_extra > 0 || s.num_bh % o.group_heads == 0) {
         const int smallest = o.group_heads < s.num_bh ? o.group_heads : s.num_bh;
         EXPECT_TRUE(smallest * s.num_m_blocks >= 2 * s.grid || smallest == s.num_bh)
@@ -122,11 +134,11 @@ TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
     }
   }
   // Unmasked, a round spanning >= 4 heads: tight one-round groups.
-  o = plan_tile_order(16, 128, 132, 25.0, false, {true, true});
+  o = plan_tile_order(16, 128, 132, 25.0, false, {true, true, false});
   EXPECT_GE(o.group_heads * 16, 132);
   EXPECT_LT(o.group_heads, 25);
   // ... and not where a round spans fewer heads (16k: 128 tiles per head).
-  o = plan_tile_order(128, 16, 132, 3.0, false, {true, true});
+  o = plan_tile_order(128, 16, 132, 3.0, false, {true, true, false});
   EXPECT_GE(o.group_heads, 3);
 }
 

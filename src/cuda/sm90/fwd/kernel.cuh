@@ -119,7 +119,7 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const Fw
   w.h = bh - w.b * p.heads_q;
   w.seq = sequence_info(p, w.b);
   w.m0 = mb * kBlockM;
-  w.valid = w.m0 < w.seq.seqlen_q;
+  w.valid = mb >= 0 && w.m0 < w.seq.seqlen_q;
   w.n_begin = w.n_end = 0;
   if (w.valid) {
     const MaskPolicy mask = mask_for(p, w.seq);
@@ -265,9 +265,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
       // The next tile of this CTA's walk that has loads, from round `round` on
       // (the consumers skip the same tiles: invalid, or no visible key).
       auto next_tile = [&](int& round, Loads& l) {
-        for (; round * static_cast<int>(gridDim.x) < a.order.num_tiles; ++round) {
-          const int t = snake_rank(round, gridDim.x, blockIdx.x);
-          if (t >= a.order.num_tiles) continue;
+        for (; round < a.order.num_rounds; ++round) {
+          const int t = rank_of(a.order, round, gridDim.x, blockIdx.x);
+          if (t >= a.order.num_ranks) continue;
           const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
           if (!w.valid || w.n_end <= w.n_begin) continue;
           l.row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
@@ -374,9 +374,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 
     int qt = 0;  // tiles with loads so far, as the producer counts them
     int it = 0;
-    for (int round = 0; round * static_cast<int>(gridDim.x) < a.order.num_tiles; ++round) {
-      const int t = snake_rank(round, gridDim.x, blockIdx.x);
-      if (t >= a.order.num_tiles) continue;
+    for (int round = 0; round < a.order.num_rounds; ++round) {
+      const int t = rank_of(a.order, round, gridDim.x, blockIdx.x);
+      if (t >= a.order.num_ranks) continue;
       const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
       if (!w.valid) continue;
       const MaskPolicy mask = mask_for(p, w.seq);
@@ -709,7 +709,8 @@ fa_status launch_kernel(const AttentionParams& p) {
   const int num_bh = p.batch * p.heads_q;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
-                            {Tune::kTightGroups, Tune::kBalancedGroups});
+                            {Tune::kTightGroups, Tune::kBalancedGroups,
+                             Tune::kCausalPairs && !p.is_varlen() && p.window_right == 0 && p.window_left < 0});
 
   auto kernel = forward_kernel<D, T, C>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);

@@ -28,39 +28,55 @@ struct TileOrder {
   int num_tiles;     // num_m_blocks * number of (batch, head) pairs
   int group_heads;   // (batch, head) pairs per L2 group
   int group_extra;   // the first group_extra groups have one pair more
+  int paired;        // 1: causal pairs (see plan_tile_order), 0: the snake
+  int num_ranks;     // ranks dealt: num_tiles, or twice the pairs
+  int num_rounds;    // rounds of gridDim.x ranks the CTAs walk
 };
 
 FA_HOST_DEVICE int snake_rank(int round, int grid, int cta) {
   return round * grid + ((round & 1) ? grid - 1 - cta : cta);
 }
 
-// Rank t -> (batch, head) pair bh and query tile mb.
+// The rank CTA `cta` takes in round `round`: the snake, or with pairs the two
+// halves of pair round / 2 * grid + cta in rounds 2k and 2k + 1.
+FA_HOST_DEVICE int rank_of(const TileOrder& o, int round, int grid, int cta) {
+  return o.paired ? 2 * ((round >> 1) * grid + cta) + (round & 1) : snake_rank(round, grid, cta);
+}
+
+// Rank t -> (batch, head) pair bh and query tile mb; mb = -1: nothing (the
+// second half of the middle pair when num_m_blocks is odd).
 FA_HOST_DEVICE void tile_of_rank(const TileOrder& o, int num_bh, int t, int& bh, int& mb) {
+  // Items: query tiles, or pairs of them (query tiles i and num_m_blocks-1-i).
+  const int per_head = o.paired ? (o.num_m_blocks + 1) / 2 : o.num_m_blocks;
+  const int item = o.paired ? t >> 1 : t;
   // Groups 0 .. group_extra - 1 have group_heads + 1 pairs, the rest
   // group_heads (the last one fewer where the partition is not balanced).
-  const int big = (o.group_heads + 1) * o.num_m_blocks;
+  const int big = (o.group_heads + 1) * per_head;
   const int split = o.group_extra * big;
   int r, bh0, n_bh;
-  if (t < split) {
-    const int g = t / big;
-    r = t - g * big;
+  if (item < split) {
+    const int g = item / big;
+    r = item - g * big;
     bh0 = g * (o.group_heads + 1);
     n_bh = o.group_heads + 1;
   } else {
-    const int per_group = o.group_heads * o.num_m_blocks;
-    const int g = (t - split) / per_group;
-    r = t - split - g * per_group;
+    const int per_group = o.group_heads * per_head;
+    const int g = (item - split) / per_group;
+    r = item - split - g * per_group;
     bh0 = o.group_extra * (o.group_heads + 1) + g * o.group_heads;
     n_bh = o.group_heads < num_bh - bh0 ? o.group_heads : num_bh - bh0;
   }
-  mb = o.num_m_blocks - 1 - r / n_bh;
+  const int i = r / n_bh;  // heaviest first
   bh = bh0 + r % n_bh;
+  mb = o.num_m_blocks - 1 - i;
+  if (o.paired && (t & 1)) mb = i == mb ? -1 : i;
 }
 
 // What shapes the order besides the problem size.
 struct TileOrderPolicy {
   bool tight_groups;     // unmasked: the smallest group that spans one round
   bool balanced_groups;  // equal groups (+-1) instead of full ones and a remainder
+  bool causal_pairs;     // the mask is plain causal (no window), fixed lengths: pair tiles
 };
 
 // kTightMinHeads: tight groups only where a round spans at least this many
@@ -73,6 +89,30 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   TileOrder o;
   o.num_m_blocks = num_m_blocks;
   o.num_tiles = num_m_blocks * num_bh;
+  o.paired = 0;
+  o.num_ranks = o.num_tiles;
+  o.num_rounds = (o.num_tiles + grid - 1) / grid;
+  if (policy.causal_pairs && num_m_blocks >= 2) {
+    // NOTES (causal pairs): causal query tile i walks i + 1 + c key tiles, so
+    // tiles i and num_m_blocks-1-i together cost the same for every i. A CTA
+    // takes both halves of a pair in two consecutive rounds: every CTA's
+    // work per two rounds is the same, with no snake, no two-round minimum
+    // for a group and no heavy tail in the last round (the snake's small last
+    // group, and its groups straddling rounds, cost 4-12% at causal 4k-16k:
+    // the balanced-groups NOTES below). Groups: the heads one round of pairs
+    // spans, in equal groups.
+    const int per_head = (num_m_blocks + 1) / 2;
+    int group = (grid + per_head - 1) / per_head;
+    if (group > num_bh) group = num_bh;
+    const int n_groups = (num_bh + group - 1) / group;
+    o.paired = 1;
+    o.group_heads = num_bh / n_groups;
+    o.group_extra = num_bh % n_groups;
+    const int pairs = per_head * num_bh;
+    o.num_ranks = 2 * pairs;
+    o.num_rounds = 2 * ((pairs + grid - 1) / grid);
+    return o;
+  }
   // At least two rounds of tiles per group: the snake evens out costs only
   // where ranks fall in cost across a pair of rounds. (With one head per group
   // at hdim 256, 16k, causal, a round spanned two groups: 416 TFLOP/s.) What

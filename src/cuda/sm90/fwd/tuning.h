@@ -32,6 +32,8 @@
 //             warpgroup (d = 64, 128; d = 192 / 256 use all of the 227 KB).
 //   kBalancedGroups  the tile order's head groups of equal size (+-1) instead
 //             of full groups and a remainder (schedule.h).
+//   kCausalPairs  plain causal masks: query tiles i and last-i dealt as one
+//             pair of equal total cost (schedule.h), instead of the snake.
 //   kTightGroups  the tile order's head groups as small as the one round
 //             they must span, without a mask and where a round spans at least
 //             4 heads anyway (schedule.h).
@@ -90,6 +92,9 @@
 #ifndef FLASHATTN_SM90_BALANCED_GROUPS
 #define FLASHATTN_SM90_BALANCED_GROUPS 1
 #endif
+#ifndef FLASHATTN_SM90_CAUSAL_PAIRS
+#define FLASHATTN_SM90_CAUSAL_PAIRS 1
+#endif
 #ifndef FLASHATTN_SM90_EARLY_Q
 #define FLASHATTN_SM90_EARLY_Q 1
 #endif
@@ -125,6 +130,7 @@ struct ForwardTuning<64> {
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
   static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
+  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -145,6 +151,7 @@ struct ForwardTuning<128> {
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
   static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
+  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -164,6 +171,7 @@ struct ForwardTuning<192> {
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
   static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
+  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -185,6 +193,7 @@ struct ForwardTuning<256> {
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
   static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
+  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
