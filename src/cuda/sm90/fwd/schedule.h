@@ -2,7 +2,9 @@
 // each CTA takes in each round. Plain C++ (host and device), so the CPU tests
 // check that every tile is taken exactly once.
 //
-// NOTES: the persistent walk. Tile ranks are dealt to the CTAs in a snake:
+// NOTES: the persistent walk. Plain causal masks (fixed lengths) deal pairs of
+// query tiles of equal total cost (plan_tile_order); everything else a snake.
+// Tile ranks are dealt to the CTAs in a snake:
 // round r gives rank r*G + c to CTA c when r is even and r*G + G-1-c when r
 // is odd (G = gridDim.x), so a CTA that drew an expensive tile in one round
 // draws a cheap one in the next. Rank -> tile: (batch, head) pairs are cut into
@@ -100,7 +102,9 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
     // for a group and no heavy tail in the last round (the snake's small last
     // group, and its groups straddling rounds, cost 4-12% at causal 4k-16k:
     // the balanced-groups NOTES below). Groups: the heads one round of pairs
-    // spans, in equal groups.
+    // spans, in equal groups. Measured against the balanced snake (H100,
+    // bf16, bench/results/2026-11-24-h100-session5.md, 5): d128 causal +4-6%
+    // at 1k-16k, d256 8k/16k +7.5%, d64 4k +8%, the rest within +-2%.
     const int per_head = (num_m_blocks + 1) / 2;
     int group = (grid + per_head - 1) / per_head;
     if (group > num_bh) group = num_bh;
