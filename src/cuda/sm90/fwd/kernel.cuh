@@ -107,7 +107,7 @@ struct TileWork {
   SequenceInfo seq;
   int b, h, m0;
   int n_begin, n_end;  // K/V tile range [n_begin, n_end), walked from n_end - 1 down
-  bool valid;          // m0 < seqlen_q of this sequence
+  bool valid;          // a query tile (mb >= 0) with m0 < seqlen_q of this sequence
 };
 
 template <int kBlockM, int kBlockN>
