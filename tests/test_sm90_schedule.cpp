@@ -98,30 +98,29 @@ TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
   }
 }
 
+// The plan's group sizes for (query tiles per head, pairs, L2 fit), causal, on 132 CTAs.
+void expect_causal_groups(int num_m_blocks, int num_bh, double l2_fit, bool balanced, int heads,
+                          int extra) {
+  const TileOrder o = plan_tile_order(num_m_blocks, num_bh, 132, l2_fit, true, {true, balanced, false});
+  EXPECT_EQ(o.group_heads, heads) << "m " << num_m_blocks << " bh " << num_bh;
+  EXPECT_EQ(o.group_extra, extra) << "m " << num_m_blocks << " bh " << num_bh;
+}
+
 TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
   // hdim 128, 4k, causal: 64 pairs, 12 fit, 32 tiles per head: 6 groups of
   // 10-11 rather than 5 of 12 and one of 4.
-  TileOrder o = plan_tile_order(32, 64, 132, 12.5, true, {true, true, false});
-  EXPECT_EQ(o.group_heads, 10);
-  EXPECT_EQ(o.group_extra, 4);
-  o = plan_tile_order(32, 64, 132, 12.5, true, {true, false, false});
-  EXPECT_EQ(o.group_heads, 12);
-  EXPECT_EQ(o.group_extra, 0);
+  expect_causal_groups(32, 64, 12.5, true, 10, 4);
+  expect_causal_groups(32, 64, 12.5, false, 12, 0);
   // hdim 256, 1k, causal: 128 pairs, 8 tiles each, two rounds need 33 pairs:
   // four equal groups of 32 would span under two rounds, and the remainder
   // (29) is over two thirds of a group: 33s and a rest.
-  o = plan_tile_order(8, 128, 132, 25.0, true, {true, true, false});
-  EXPECT_EQ(o.group_heads, 33);
-  EXPECT_EQ(o.group_extra, 0);
+  expect_causal_groups(8, 128, 25.0, true, 33, 0);
   // hdim 256, 4k, causal: 32 pairs, two rounds need 9, the remainder 5 of a
   // 9-group is under two thirds: three groups of 10-11; 8k: 16 pairs in
   // groups of 5, remainder 1: three groups of 5-6.
-  o = plan_tile_order(32, 32, 132, 6.25, true, {true, true, false});
-  EXPECT_EQ(o.group_heads, 10);
-  EXPECT_EQ(o.group_extra, 2);
-  o = plan_tile_order(64, 16, 132, 3.1, true, {true, true, false});
-  EXPECT_EQ(o.group_heads, 5);
-  EXPECT_EQ(o.group_extra, 1);
+  expect_causal_groups(32, 32, 6.25, true, 10, 2);
+  expect_causal_groups(64, 16, 3.1, true, 5, 1);
+  TileOrder o;
   // Every balanced plan keeps each group at two rounds or more.
   for (const Shape& s : shapes()) {
     if (s.masked) {

@@ -708,9 +708,10 @@ fa_status launch_kernel(const AttentionParams& p) {
   const double fit = (l2_bytes / 2) / (kv_per_head > 1.0 ? kv_per_head : 1.0);
   const int num_bh = p.batch * p.heads_q;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
+  // Causal pairs need tile costs that pair up: a plain causal mask, fixed lengths.
+  const bool plain_causal = !p.is_varlen() && p.window_right == 0 && p.window_left < 0;
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
-                            {Tune::kTightGroups, Tune::kBalancedGroups,
-                             Tune::kCausalPairs && !p.is_varlen() && p.window_right == 0 && p.window_left < 0});
+                            {Tune::kTightGroups, Tune::kBalancedGroups, Tune::kCausalPairs && plain_causal});
 
   auto kernel = forward_kernel<D, T, C>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);

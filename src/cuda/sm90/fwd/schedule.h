@@ -136,8 +136,8 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   // (d128 / d64 causal): a round then straddles two groups and the snake's
   // pairing of heavy and light tiles breaks (as in the hdim 256 note above).
   // Where one round spans fewer than kTightMinHeads heads (8k and up at 128-row
-  // tiles), tight groups measured -3..-5% at 16k (d64, d128, d256, three runs):
-  // a round's CTAs then all walk one or two heads.
+  // tiles), tight groups measured -4..-7% at 16k (d64, d128, d256) in two runs
+  // and -2..0% in a third: a round's CTAs then all walk one or two heads.
   if (tight && group > min_group) group = min_group;
   if (group < min_group) group = min_group;
   if (group > num_bh) group = num_bh;
@@ -148,8 +148,8 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   // idle: with 64 heads in groups of 12 (hdim 128, 4k), a 4-head last group.
   // One group of all pairs (no tail, no L2 grouping) measured +6-10% at
   // 8k/16k causal (d128, d256) and -16..-35% at 1k/2k (L2 misses); fewer,
-  // larger equal groups (num_bh / group of them) +4-11% at 4k-16k causal and
-  // -4..-16% at 1k/2k, where they outgrew half the L2: hence groups no
+  // larger equal groups (num_bh / group of them) +4-11% at most 4k-16k causal
+  // cells and -3..-16% at 1k/2k, where they outgrew half the L2: hence groups no
   // larger than `group` where that keeps them at min_group or more: equal
   // groups of 32 pairs where min_group was 33 (hdim 256, 1k-8k causal)
   // spanned just under two rounds and lost 16-20%. Otherwise the remainder
