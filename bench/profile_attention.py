@@ -4,6 +4,8 @@ The protocol's shapes (16384 tokens, hidden 2048, bf16 randn). --phase backward:
 lse come from the library's forward, and each iteration is one fa_backward call
 (pre-pass, main kernel, post-pass). An ncu filter such as
 `-k regex:forward_kernel --launch-skip 2 --launch-count 1` picks a warm launch.
+--impl cudnn / fa2 runs torch SDPA's anchor instead (forward only; layout b, h, s, d),
+so its kernel can be profiled the same way (`-k regex:"sdpa|fmha|flash_fwd"`).
 
 Usage: FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \\
        python3 bench/profile_attention.py --phase forward --hdim 128 --seqlen 2048 [--causal]
@@ -25,6 +27,7 @@ def main():
     ap.add_argument("--seqlen", type=int, default=1024)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--impl", choices=("ours", "cudnn", "fa2"), default="ours")
     args = ap.parse_args()
     d, s = args.hdim, args.seqlen
     b, h = TOKENS // s, HIDDEN // d
@@ -33,7 +36,19 @@ def main():
                      for _ in range(4))
     out = torch.empty_like(q)
     lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-    if args.phase == "forward":
+    if args.impl != "ours":
+        assert args.phase == "forward", "the anchors are profiled forward only"
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = SDPBackend.CUDNN_ATTENTION if args.impl == "cudnn" else SDPBackend.FLASH_ATTENTION
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        holder = []
+
+        def run():
+            with sdpa_kernel(backend):
+                holder[:] = [F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)]
+        results = ()
+    elif args.phase == "forward":
         run = lambda: _capi.forward(q, k, v, out, lse, causal=args.causal)
         results = (out, lse)
     else:
@@ -50,7 +65,7 @@ def main():
         run()
         stop.record()
     torch.cuda.synchronize()
-    assert all(torch.isfinite(x).all() for x in results)
+    assert all(torch.isfinite(x).all() for x in results + tuple(holder if args.impl != "ours" else ()))
     print(f"{args.phase} d{d} s{s} causal={args.causal}: last call {start.elapsed_time(stop) * 1e3:.0f} us")
 
 

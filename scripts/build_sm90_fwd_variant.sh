@@ -5,6 +5,9 @@
 #
 #   bash scripts/build_sm90_fwd_variant.sh build build-old "-DFLASHATTN_SM90_TIGHT_GROUPS=0"
 #
+# A fourth argument names another kernel folder to recompile instead, e.g.
+# src/cuda/sm80/fwd with "-DFLASHATTN_SM80_LAZY_RESCALE_256=0" (sm80/fwd/tuning.h).
+#
 # The objects are compiled with the build's own nvcc command lines and linked
 # with its link line, directly: a copied CMake build directory re-runs CMake on
 # the first ninja call and rebuilds those objects with the default flags, so
@@ -14,14 +17,15 @@
 set -euo pipefail
 build="$(cd "${1:?usage: build_sm90_fwd_variant.sh BUILD OUT_DIR DEFINES}" && pwd)"
 out="${2:?usage: build_sm90_fwd_variant.sh BUILD OUT_DIR DEFINES}"
-defs="${3:?usage: build_sm90_fwd_variant.sh BUILD OUT_DIR DEFINES}"
+defs="${3:?usage: build_sm90_fwd_variant.sh BUILD OUT_DIR DEFINES [KERNEL_DIR]}"
+kernel_dir="${4:-src/cuda/sm90/fwd}"
 rm -rf "$out"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cp -a "$build/CMakeFiles" "$out/"
 link=$(cd "$build" && ninja -t commands flashattn | tail -1)
 pids=()
-for obj in $(cd "$build" && ls CMakeFiles/flashattn_objects.dir/src/cuda/sm90/fwd/fwd_hdim*.cu.o); do
+for obj in $(cd "$build" && ls CMakeFiles/flashattn_objects.dir/$kernel_dir/fwd_hdim*.cu.o); do
   cmd=$(cd "$build" && ninja -t commands "$obj" | tail -1)
   (cd "$out" && eval "${cmd/nvcc /nvcc $defs }") &
   pids+=($!)

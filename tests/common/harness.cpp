@@ -76,6 +76,7 @@ std::string Case::name() const {
   if (causal) s << "_causal";
   if (window_left >= 0 || window_right >= 0) s << "_win" << window_left << "_" << window_right;
   if (softcap > 0) s << "_softcap" << softcap;
+  if (scale > 0) s << "_scale" << scale;
   if (is_varlen()) s << "_varlen";
   if (row_pad) s << "_pad" << row_pad;
   s << "_s" << seed;

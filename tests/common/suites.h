@@ -2,6 +2,7 @@
 // suites share them), so that "correct on every shape" means the same thing.
 #pragma once
 
+#include <cmath>
 #include <vector>
 
 #include "common/harness.h"
@@ -24,6 +25,26 @@ inline Case make_case(fa_dtype dtype, int sq, int sk, int d, uint64_t seed) {
   c.heads_kv = 2;
   c.seed = seed;
   return c;
+}
+
+// Logits of standard deviation ~12 (scale 12/sqrt(d) on unit normal q, k): a
+// row's running max keeps growing by more than 2^8 (after exp2) at later key
+// tiles, in either walk direction, with tiles where it stays in between. A
+// lazy rescale (sm80/fwd/tuning.h: O *= corr only when some row's max moved
+// that far) takes both branches here; with the default scale only the first
+// tile moves.
+inline std::vector<Case> large_logit_cases(const std::vector<int>& head_dims, uint64_t seed) {
+  std::vector<Case> cases;
+  for (fa_dtype dt : {FA_BF16, FA_F16}) {
+    for (int d : head_dims) {
+      Case c = make_case(dt, 77, 1000, d, seed++);
+      c.scale = 12.0f / std::sqrt(static_cast<float>(d));
+      cases.push_back(c);
+      c.causal = true;
+      cases.push_back(c);
+    }
+  }
+  return cases;
 }
 
 // Forward and backward suites. `head_dims` restricts head dims (GPU kernels

@@ -100,6 +100,7 @@ std::vector<Case> extra_cases() {
     c.causal = true;
     cases.push_back(c);
   }
+  for (const Case& c : large_logit_cases({64, 128, 256}, seed)) cases.push_back(c);
   return cases;
 }
 

@@ -188,6 +188,8 @@ std::vector<Case> sm90_suite() {
     c.seed = seed++;
     cases.push_back(c);
   }
+  for (const Case& c : large_logit_cases({64, 128, 192, 256}, seed)) cases.push_back(c);
+  seed += 100;
   // Every multiple of 8 up to 256, each with a different option, dtype and
   // odd lengths: the column zero-fill and the epilogue's column bound at every
   // position inside a kernel's head dim.
