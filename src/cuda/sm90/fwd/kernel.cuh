@@ -652,7 +652,6 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 template <int D, typename T, int C>
 fa_status launch_kernel(const AttentionParams& p) {
   using K = FwdTraits<D, T, C>;
-  using Tune = typename K::Tune;
   if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
     return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
   const bool varlen = p.is_varlen();
@@ -711,7 +710,7 @@ fa_status launch_kernel(const AttentionParams& p) {
   // Causal pairs need tile costs that pair up: a plain causal mask, fixed lengths.
   const bool plain_causal = !p.is_varlen() && p.window_right == 0 && p.window_left < 0;
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
-                            {Tune::kTightGroups, Tune::kBalancedGroups, Tune::kCausalPairs && plain_causal});
+                            {kTightGroups, kBalancedGroups, kCausalPairs && plain_causal});
 
   auto kernel = forward_kernel<D, T, C>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);

@@ -109,6 +109,12 @@ constexpr int consumer_regs(int consumers) {
   return r < 240 ? r : 240;
 }
 
+// The tile order's rules (kBalancedGroups, kCausalPairs, kTightGroups above;
+// schedule.h): the same for every head dim.
+inline constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
+inline constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
+inline constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
+
 template <int HeadDim>
 struct ForwardTuning;
 
@@ -128,9 +134,6 @@ struct ForwardTuning<64> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
-  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
-  static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
-  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -149,9 +152,6 @@ struct ForwardTuning<128> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
-  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
-  static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
-  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -169,9 +169,6 @@ struct ForwardTuning<192> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
-  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
-  static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
-  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
@@ -191,9 +188,6 @@ struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
-  static constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
-  static constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
-  static constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
 };
