@@ -14,6 +14,9 @@ TEST(MaskPolicy, RangesAgreeWithVisibility) {
         for (int right : {-1, 0, 3}) {
           const MaskPolicy m{sq, sk, left, right};
           for (int i = 0; i < sq; ++i) {
+            int seen = 0;
+            for (int j = 0; j < sk; ++j) seen += m.visible(i, j) ? 1 : 0;
+            EXPECT_EQ(m.keys_of_row(i), seen);
             for (int j = 0; j < sk; ++j) {
               if (m.visible(i, j)) {
                 EXPECT_GE(j, m.key_begin(i));

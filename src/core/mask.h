@@ -48,6 +48,12 @@ struct MaskPolicy {
     return e < 0 ? 0 : (e > seqlen_k ? seqlen_k : e);
   }
 
+  // How many keys row i sees (a row's ranges are contiguous).
+  FA_HOST_DEVICE int keys_of_row(int i) const {
+    const int n = key_end(i + 1) - key_begin(i);
+    return n > 0 ? n : 0;
+  }
+
   // Query range [begin, end) that keys [key_begin, key_end) are seen by
   // (for the backward pass, which walks query tiles for a key tile).
   FA_HOST_DEVICE int query_begin(int key_lo) const {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/harness.h"
@@ -80,6 +81,39 @@ TEST_P(Sm90Forward, BitwiseStableAndDispatched) {
   }
 }
 
+// Shapes whose middle query row sees >= 8192 keys, on the head dims the d 128
+// kernel runs: they take its long-key instantiation (176-key tiles, one Q
+// buffer, O stored from registers; tuning.h's kLongKeys), with the ragged last
+// tile, every mask kind, softcap, GQA, varlen (short sequences in a batch whose
+// longest picks the wide tiles) and large logits.
+std::vector<Case> long_key_cases(uint64_t seed) {
+  std::vector<Case> cases;
+  for (fa_dtype dt : {FA_BF16, FA_F16}) {
+    Case c = make_case(dt, 77, 8219, 128, seed++);
+    cases.push_back(c);
+    c = make_case(dt, 203, 9001, dt == FA_BF16 ? 96 : 120, seed++);
+    c.causal = true;
+    cases.push_back(c);
+    c = make_case(dt, 130, 8400, 128, seed++);
+    c.window_left = 8300;
+    c.window_right = 40;
+    c.heads_q = 4;
+    c.heads_kv = 1;
+    cases.push_back(c);
+    c = make_case(dt, 64, 8192, 128, seed++);
+    c.softcap = 4.0f;
+    c.scale = 12.0f / std::sqrt(128.0f);
+    cases.push_back(c);
+    c = make_case(dt, 0, 0, 128, seed++);
+    c.varlen_q = {77, 1, 0, 130};
+    c.varlen_k = {8250, 9000, 3, 200};
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<Case> sm90_suite() {
   if (sanitizer_subset_only()) {
     std::vector<Case> cases;
@@ -100,6 +134,7 @@ std::vector<Case> sm90_suite() {
     m.heads_kv = 96;
     m.causal = true;
     cases.push_back(m);
+    cases.push_back(long_key_cases(seed).front());
     return cases;
   }
   // Every head dim of the shared suite (8 ... 256: below 64, between the
@@ -189,6 +224,8 @@ std::vector<Case> sm90_suite() {
     cases.push_back(c);
   }
   for (const Case& c : large_logit_cases({64, 128, 192, 256}, seed)) cases.push_back(c);
+  seed += 100;
+  for (const Case& c : long_key_cases(seed)) cases.push_back(c);
   seed += 100;
   // Every multiple of 8 up to 256, each with a different option, dtype and
   // odd lengths: the column zero-fill and the epilogue's column bound at every

@@ -57,37 +57,46 @@ struct FwdArgs {
 };
 
 // C: consumer warpgroups (the tuning's kConsumers, or kCausalConsumers for the
-// causal instantiation); the only template parameter besides head dim and
-// dtype, because it changes the register split and the shared-memory layout.
-template <int D, typename T, int C = ForwardTuning<D>::kConsumers>
+// causal instantiation) and N: keys per K/V tile (kBlockN, or kLongBlockN for
+// the long-key instantiation); the only template parameters besides head dim
+// and dtype, because they change the register split and the shared-memory
+// layout.
+template <int D, typename T, int C = ForwardTuning<D>::kConsumers, int N = ForwardTuning<D>::kBlockN>
 struct FwdTraits {
   using Tune = ForwardTuning<D>;
   static constexpr int kConsumers = C;  // warpgroups of 64 query rows
   static constexpr int kProducerRegs = Tune::kProducerRegs;
   static constexpr int kConsumerRegs = consumer_regs(C);
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = Tune::kBlockN;
+  static constexpr int kBlockN = N;
   static constexpr int kStages = Tune::kStages;
-  static constexpr int kQStages = Tune::kQStages;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kColBlocks = D / 64;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kOBytes = 64 * D * 2;  // O staging: 64 rows x D per consumer warpgroup
+  static constexpr int kMaxSmem = 232448;     // 227 KB, the most a CTA can have
+  // Q buffers, the K/V ring, O staging, mbarriers (2 per Q buffer, 4 per stage)
+  // and + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
+  static constexpr int smem_bytes(int q_stages, bool o_tma) {
+    return q_stages * kQBytes + 2 * kStages * kKVBytes + (o_tma ? kConsumers * kOBytes : 0) +
+           (2 * q_stages + 4 * kStages) * 8 + 1024;
+  }
+  // The tuning's second Q buffer and O staging, where they fit (the wide
+  // long-key tiles leave room for neither).
+  static constexpr int kQStages = Tune::kQStages == 2 && smem_bytes(2, false) <= kMaxSmem ? 2 : 1;
+  static constexpr bool kOTma = Tune::kOTma && smem_bytes(kQStages, true) <= kMaxSmem;
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQStages * kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKVBytes;
-  // O staging for the TMA-store epilogue: 64 rows x D per consumer warpgroup.
-  static constexpr bool kOTma = Tune::kOTma;
-  static constexpr int kOBytes = 64 * D * 2;
   static constexpr int kOOff = kVOff + kStages * kKVBytes;
   static constexpr int kBarOff = kOOff + (kOTma ? kConsumers * kOBytes : 0);
   static constexpr int kNumBars = 2 * kQStages + 4 * kStages;
-  // + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
-  static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
+  static constexpr int kSmemBytes = smem_bytes(kQStages, kOTma);
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of P V: a multiple of 16");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
-  static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
+  static_assert(kSmemBytes <= kMaxSmem, "over the 227 KB of shared memory a CTA can have");
   static_assert(kBlockM <= 256, "a TMA box has at most 256 rows");
   static_assert(kQStages == 1 || kQStages == 2, "one Q buffer, or two (next tile's Q prefetched)");
   static_assert(kStages >= 2, "the producer's early Q needs a K/V ring of at least two stages");
@@ -207,15 +216,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
   }
 }
 
-template <int D, typename T, int C>
-__global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
+template <int D, typename T, int C, int N>
+__global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
                    const __grid_constant__ CUtensorMap tma_v,
                    const __grid_constant__ CUtensorMap tma_o,
                    const __grid_constant__ AttentionParams p, const FwdArgs a) {
 #if FLASHATTN_SM90_DEVICE
-  using K = FwdTraits<D, T, C>;
+  using K = FwdTraits<D, T, C, N>;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -649,9 +658,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C>::kThreads, 1)
 #endif
 }
 
-template <int D, typename T, int C>
+template <int D, typename T, int C, int N>
 fa_status launch_kernel(const AttentionParams& p) {
-  using K = FwdTraits<D, T, C>;
+  using K = FwdTraits<D, T, C, N>;
   if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
     return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
   const bool varlen = p.is_varlen();
@@ -712,7 +721,7 @@ fa_status launch_kernel(const AttentionParams& p) {
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
                             {kTightGroups, kBalancedGroups, kCausalPairs && plain_causal});
 
-  auto kernel = forward_kernel<D, T, C>;
+  auto kernel = forward_kernel<D, T, C, N>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
   kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mk, mv, mo, p, a);
@@ -724,14 +733,24 @@ fa_status launch_kernel(const AttentionParams& p) {
 // NOTES: causal runs on kCausalConsumers warpgroups where the tuning asks for
 // it (d = 64: 2 instead of 3): 192-row query tiles put more of each causal
 // tile on the masked diagonal (perf-notes: 5-10% slower than 128-row tiles at
-// 512-4k, equal at 8k/16k).
+// 512-4k, equal at 8k/16k). Where the middle query row sees at least
+// kLongKeys keys, kLongBlockN-key tiles where the tuning has them (tuning.h
+// says why).
 template <int D, typename T>
 fa_status launch_forward(const AttentionParams& p) {
   using Tune = ForwardTuning<D>;
   if constexpr (Tune::kCausalConsumers != Tune::kConsumers) {
-    if (p.window_right == 0) return launch_kernel<D, T, Tune::kCausalConsumers>(p);
+    if (p.window_right == 0) return launch_kernel<D, T, Tune::kCausalConsumers, Tune::kBlockN>(p);
   }
-  return launch_kernel<D, T, Tune::kConsumers>(p);
+  if constexpr (Tune::kLongBlockN != Tune::kBlockN) {
+    // The middle query row's keys: the length of a typical query tile's K/V
+    // walk (seqlen_k without a mask, about half of it causal; varlen: of the
+    // longest sequences).
+    const MaskPolicy mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+    if (mask.keys_of_row(p.seqlen_q / 2) >= Tune::kLongKeys)
+      return launch_kernel<D, T, Tune::kConsumers, Tune::kLongBlockN>(p);
+  }
+  return launch_kernel<D, T, Tune::kConsumers, Tune::kBlockN>(p);
 }
 
 }  // namespace flashattn::cuda::sm90

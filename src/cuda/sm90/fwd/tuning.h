@@ -15,6 +15,10 @@
 //   kBlockN   keys per K/V tile: the N of S = Q K^T and the K of O += P V.
 //             Bounded by registers: a consumer thread holds O (head_dim/2 f32),
 //             S (kBlockN/2 f32) and P (kBlockN/4 regs) at once.
+//   kLongBlockN / kLongKeys  wider K/V tiles where the middle query row
+//             sees at least kLongKeys keys (a second instantiation where it
+//             differs from kBlockN; the Q buffers and O staging then get what
+//             shared memory has left, kernel.cuh's FwdTraits).
 //   kStages   K/V ring depth in shared memory. Bounded by 227 KB:
 //             smem = kQStages * kBlockM*d*2 (Q) + kStages * 2 * kBlockN*d*2 (K, V).
 //   kIntraWgOverlap  issue S(j+1) = Q K(j+1)^T together with O += P(j) V(j),
@@ -61,6 +65,9 @@
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_128
 #define FLASHATTN_SM90_BLOCKN_128 128
+#endif
+#ifndef FLASHATTN_SM90_LONG_BLOCKN_128
+#define FLASHATTN_SM90_LONG_BLOCKN_128 176
 #endif
 #ifndef FLASHATTN_SM90_BLOCKN_256
 #define FLASHATTN_SM90_BLOCKN_256 80
@@ -133,6 +140,7 @@ struct ForwardTuning<64> {
   static constexpr int kCausalConsumers = FLASHATTN_SM90_CAUSAL_CONSUMERS_64;
   static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
+  static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
@@ -146,11 +154,20 @@ struct ForwardTuning<64> {
 // the current tile runs: 2k/4k/8k non-causal 529/563/591 vs 486/534/587 and
 // 499/547/590 (176 keys, one Q, timed before and after), causal 415/464/498
 // vs 390/441/490 and 389/449/501 (bf16, H100, one run).
+// Long keys (the middle row sees >= 8192: non-causal from 8k, causal from
+// 16k): 176-key tiles (FA3's width), one Q buffer and O stored from registers
+// (32 + 2 * 2 * 44 = 208 KB): a third fewer key tiles, so fewer per-tile max
+// reductions, barriers and O rescales, and S = Q K^T runs as n176 wgmmas.
+// A/B in one process (bench/sm90_fwd_ab.py, 5 rounds, session 7): non-causal
+// 8k/16k +3.9/+4.6%, causal 16k +4.2%; but 4k -3.3%, causal 8k -4.3%, 1k/2k
+// -2..-16% (one Q buffer: the next tile's Q cannot load during this one; and
+// the ragged last tile wastes more of its width).
 template <>
 struct ForwardTuning<128> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
+  static constexpr int kLongBlockN = FLASHATTN_SM90_LONG_BLOCKN_128, kLongKeys = 8192;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
@@ -168,6 +185,7 @@ struct ForwardTuning<192> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
+  static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
@@ -187,6 +205,7 @@ template <>
 struct ForwardTuning<256> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
+  static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
