@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--hdims", default="128")
     ap.add_argument("--seqlens", default="2048,4096,8192,16384")
     ap.add_argument("--masks", default="none,causal")
+    ap.add_argument("--shapes", default="", help="SEQLENxBATCH,... instead of --seqlens' 16k tokens "
+                    "(e.g. tile counts that are a multiple of the SM count)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=150, help="do_bench rep (ms) per timing")
     ap.add_argument("--no-anchors", action="store_true")
@@ -52,16 +54,17 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}; commits: " +
           ", ".join(f"{n}={bind[n].build_commit()}" for n, _ in libs), flush=True)
-    hdr = ("| hdim | mask | seqlen | " + " | ".join(names) + " | " +
-           " | ".join(f"{n}/{first}" for n, _ in libs[1:]) +
-           ("" if args.no_anchors else " | " + " | ".join(f"{n}/cuDNN" for n, _ in libs)) +
-           " | max diff vs " + first + " |")
+    cols = (["hdim", "mask", "seqlen x batch"] + names + [f"{n}/{first}" for n, _ in libs[1:]] +
+            ([] if args.no_anchors else [f"{n}/cuDNN" for n, _ in libs]) + [f"max diff vs {first}"])
+    hdr = "| " + " | ".join(cols) + " |"
     print(hdr + "\n|" + "---|" * (hdr.count("|") - 1), flush=True)
     for d in (int(x) for x in args.hdims.split(",")):
         for mask in args.masks.split(","):
             causal = mask == "causal"
-            for s in (int(x) for x in args.seqlens.split(",")):
-                h, b = HIDDEN // d, TOKENS // s
+            shapes = ([tuple(int(y) for y in x.split("x")) for x in args.shapes.split(",")] if args.shapes
+                      else [(int(x), TOKENS // int(x)) for x in args.seqlens.split(",")])
+            for s, b in shapes:
+                h = HIDDEN // d
                 g = torch.Generator(device="cuda").manual_seed(0)
                 q, k, v = (torch.randn((b, s, h, d), device="cuda", dtype=torch.bfloat16, generator=g)
                            for _ in range(3))
@@ -89,7 +92,7 @@ def main():
                 cells += [f"{tf[n] / tf[first]:.3f}" for n, _ in libs[1:]]
                 if not args.no_anchors:
                     cells += [f"{tf[n] / tf['cudnn']:.2f}" for n, _ in libs]
-                print(f"| {d} | {mask} | {s} | " + " | ".join(cells) + f" | {diff:.1e} |", flush=True)
+                print(f"| {d} | {mask} | {s}x{b} | " + " | ".join(cells) + f" | {diff:.1e} |", flush=True)
                 del fns, outs, q, k, v
                 torch.cuda.empty_cache()
 
