@@ -92,7 +92,8 @@ struct FwdTraits {
   static constexpr int kOOff = kVOff + kStages * kKVBytes;
   static constexpr int kBarOff = kOOff + (kOTma ? kConsumers * kOBytes : 0);
   static constexpr int kNumBars = 2 * kQStages + 4 * kStages;
-  static constexpr int kSmemBytes = smem_bytes(kQStages, kOTma);
+  static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
+  static_assert(kSmemBytes == smem_bytes(kQStages, kOTma), "smem_bytes must follow the layout above");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of P V: a multiple of 16");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles must stay 1024-byte aligned");
@@ -746,7 +747,7 @@ fa_status launch_forward(const AttentionParams& p) {
     // The middle query row's keys: the length of a typical query tile's K/V
     // walk (seqlen_k without a mask, about half of it causal; varlen: of the
     // longest sequences).
-    const MaskPolicy mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+    const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
     if (mask.keys_of_row(p.seqlen_q / 2) >= Tune::kLongKeys)
       return launch_kernel<D, T, Tune::kConsumers, Tune::kLongBlockN>(p);
   }
