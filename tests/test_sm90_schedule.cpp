@@ -3,6 +3,7 @@
 // groups are as planned, and ranks fall in cost within a group.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "cuda/sm90/fwd/schedule.h"
@@ -139,6 +140,56 @@ TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
   // ... and not where a round spans fewer heads (16k: 128 tiles per head).
   o = plan_tile_order(128, 16, 132, 3.0, false, {true, true, false});
   EXPECT_GE(o.group_heads, 3);
+}
+
+// The split tail: every key tile of every tail tile is walked by exactly one
+// CTA, each CTA's chunk differs from the others by at most one key tile, a
+// tail tile's parts are numbered 0 .. parts-1 in key order and agree on
+// `parts`, and no tile is cut over more than max_parts CTAs.
+TEST(Sm90Schedule, SplitTailCoversEveryKeyTileOnce) {
+  int split_plans = 0;
+  for (int grid : {1, 5, 8, 132}) {
+    for (int tiles : {1, 7, 12, 131, 133, 160, 1024, 2048, 2112}) {
+      for (int key_tiles : {1, 2, 3, 8, 13, 26, 128}) {
+        const SplitTail s = plan_split_tail(tiles, grid, key_tiles, true);
+        EXPECT_EQ(plan_split_tail(tiles, grid, key_tiles, false).tiles, 0);
+        if (s.tiles == 0) {
+          EXPECT_TRUE(tiles <= grid || tiles % grid == 0 || (tiles % grid) * key_tiles < kMinSplitChunk * grid);
+          continue;
+        }
+        ++split_plans;
+        EXPECT_EQ(s.first_rank + s.tiles, tiles);
+        EXPECT_EQ(s.first_rank % grid, 0);
+        std::vector<int> seen(static_cast<size_t>(s.tiles) * key_tiles, 0);
+        std::vector<int> parts(s.tiles, -1), next_part(s.tiles, 0), next_key(s.tiles, 0);
+        int min_chunk = 1 << 30, max_chunk = 0;
+        for (int c = 0; c < grid; ++c) {
+          int chunk = 0;
+          SplitSegment seg;
+          for (int k = 0; split_segment(s, grid, c, k, seg); ++k) {
+            ASSERT_GE(seg.tile, 0);
+            ASSERT_LT(seg.tile, s.tiles);
+            ASSERT_LT(seg.key_lo, seg.key_hi);
+            EXPECT_LE(seg.parts, s.max_parts);
+            if (parts[seg.tile] < 0) parts[seg.tile] = seg.parts;
+            EXPECT_EQ(parts[seg.tile], seg.parts);
+            EXPECT_EQ(seg.part, next_part[seg.tile]++);  // CTAs in order, one part each
+            EXPECT_EQ(seg.key_lo, next_key[seg.tile]);   // parts in key order, no gap
+            next_key[seg.tile] = seg.key_hi;
+            for (int kt = seg.key_lo; kt < seg.key_hi; ++kt) ++seen[seg.tile * key_tiles + kt];
+            chunk += seg.key_hi - seg.key_lo;
+          }
+          min_chunk = std::min(min_chunk, chunk);
+          max_chunk = std::max(max_chunk, chunk);
+        }
+        EXPECT_LE(max_chunk - min_chunk, 1);
+        EXPECT_GE(min_chunk, kMinSplitChunk - 1);
+        for (int v : seen) EXPECT_EQ(v, 1);
+        for (int i = 0; i < s.tiles; ++i) EXPECT_EQ(next_part[i], parts[i]);
+      }
+    }
+  }
+  EXPECT_GT(split_plans, 20);
 }
 
 }  // namespace

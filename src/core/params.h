@@ -67,6 +67,9 @@ struct AttentionParams {
 
   void* stream = nullptr;  // cudaStream_t
   int num_threads = 0;     // CPU backend
+  // Persistent GPU kernels: at most this many CTAs (0: one per SM). Tests set
+  // it so that small problems walk several rounds and a split tail.
+  int max_ctas = 0;
 
   // Backward scratch, sized by the backend's workspace query.
   void* workspace = nullptr;

@@ -16,6 +16,8 @@
 #include "common/suites.h"
 #include "core/validate.h"
 #include "cuda/sm90/fwd/api.h"
+#include "cuda/sm90/fwd/schedule.h"
+#include "cuda/sm90/fwd/tuning.h"
 #include "device.h"
 #include "forward_check.h"
 
@@ -24,7 +26,34 @@ namespace {
 
 enum class Path { kSm90Direct, kPublicApi };
 
-::testing::AssertionResult run_forward(const Problem& p, bool with_lse, Path path, ForwardRun& r) {
+// The direct call captured on a fresh stream into a CUDA graph, which is then
+// launched twice (inference engines replay their forward passes as graphs).
+fa_status run_captured(AttentionParams params) {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return FA_ERROR_DEVICE;
+  params.stream = stream;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  fa_status s = FA_ERROR_DEVICE;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    s = cuda::sm90::run_forward(params);
+    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && s == FA_OK) s = FA_ERROR_DEVICE;
+  }
+  if (s == FA_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = FA_ERROR_DEVICE;
+  for (int i = 0; i < 2 && s == FA_OK; ++i) {
+    if (cudaGraphLaunch(exec, stream) != cudaSuccess) s = FA_ERROR_DEVICE;
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess && s == FA_OK) s = FA_ERROR_DEVICE;
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return s;
+}
+
+// max_ctas > 0: at most that many persistent CTAs (the split-tail cases);
+// captured: through run_captured.
+::testing::AssertionResult run_forward(const Problem& p, bool with_lse, Path path, ForwardRun& r,
+                                       int max_ctas = 0, bool captured = false) {
   DeviceProblem d(p);
   HostTensor out = p.poisoned_like_q();
   HostTensor lse = p.poisoned_lse();
@@ -40,7 +69,8 @@ enum class Path { kSm90Direct, kPublicApi };
     if (s != FA_OK) return ::testing::AssertionFailure() << "params: " << fa_last_error();
     if (!cuda::sm90::supports_forward(params))
       return ::testing::AssertionFailure() << "sm90::supports_forward said no";
-    s = cuda::sm90::run_forward(params);
+    params.max_ctas = max_ctas;
+    s = captured ? run_captured(params) : cuda::sm90::run_forward(params);
   } else {
     s = fa_forward(&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc, with_lse ? &dlse.desc : nullptr,
                    d.varlen_ptr(), &o);
@@ -247,6 +277,80 @@ std::vector<Case> sm90_suite() {
 
 INSTANTIATE_TEST_SUITE_P(Suite, Sm90Forward, ::testing::ValuesIn(sm90_suite()),
                          [](const auto& info) { return info.param.name(); });
+
+// The split tail (schedule.h; unmasked, fixed lengths, at least
+// kSplitTailMinKeys keys, the d 128 long-key and d 256 kernels):
+// few CTAs, so that small problems walk whole rounds and then a last round
+// cut along the keys, its parts merged through the workspace. The merge runs
+// in part order: bitwise the same on every run, and under CUDA graph capture
+// (the workspace from the stream-ordered allocator, the tail kernel a
+// programmatic dependent launch: both capturable).
+struct SplitTailCase {
+  Case c;
+  int max_ctas;
+  int block_n = 128;  // keys per K/V tile of the kernel the case runs on (tuning.h)
+};
+void PrintTo(const SplitTailCase& t, std::ostream* os) { *os << t.c.name() << "_ctas" << t.max_ctas; }
+
+std::vector<SplitTailCase> split_tail_cases() {
+  std::vector<SplitTailCase> cases;
+  uint64_t seed = 3000;
+  // At least kSplitTailMinKeys keys: d <= 128 on the long-key kernel (176-key
+  // tiles), d > 128 on the d 256 one (80-key tiles); ragged last key tiles.
+  // A case on max_ctas CTAs, on the kernel with block_n-key tiles.
+  auto add = [&](fa_dtype dt, int sq, int sk, int d, int heads_q, int heads_kv, int max_ctas,
+                 int block_n) -> Case& {
+    Case c = make_case(dt, sq, sk, d, seed++);
+    c.heads_q = heads_q;
+    c.heads_kv = heads_kv;
+    cases.push_back({c, max_ctas, block_n});
+    return cases.back().c;
+  };
+  // 64 rows x 7 heads = 7 tiles on 3 CTAs: 2 rounds, then one tile of 47 key
+  // tiles cut over all 3 (also the compute-sanitizer case).
+  add(FA_BF16, 64, 8192, 128, 7, 7, 3, 176);
+  if (sanitizer_subset_only()) return cases;
+  // 5 query tiles x 2 heads = 10 tiles on 4 CTAs: 2 rounds, 2 tail tiles.
+  add(FA_F16, 600, 8300, 128, 2, 2, 4, 176);
+  // 11 tiles on 10 CTAs: one tail tile cut over all 10.
+  add(FA_BF16, 128, 8200, 128, 11, 11, 10, 176);
+  // GQA, softcap with large logits, a padded head dim, a one-row last query tile.
+  Case& softcap = add(FA_BF16, 129, 8250, 96, 6, 2, 5, 176);
+  softcap.softcap = 4.0f;
+  softcap.scale = 12.0f / std::sqrt(96.0f);
+  // Strided rows, d 120, batch 3.
+  Case& strided = add(FA_F16, 200, 8400, 120, 2, 2, 5, 176);
+  strided.batch = 3;
+  strided.row_pad = 8;
+  // d 256: 9 tiles on 4 CTAs, one tail tile of 104 key tiles; d 200 with MQA.
+  add(FA_BF16, 300, 8300, 256, 3, 3, 4, 80);
+  add(FA_F16, 257, 8193, 200, 2, 1, 5, 80).batch = 2;
+  return cases;
+}
+
+class Sm90SplitTail : public ::testing::TestWithParam<SplitTailCase> {};
+
+TEST_P(Sm90SplitTail, MatchesFloat64ReferenceAndGraphReplayGivesTheSameBits) {
+  const SplitTailCase& t = GetParam();
+  // The case does reach the split tail (128-row query tiles).
+  const int tiles = t.c.batch * t.c.heads_q * ((t.c.seqlen_q + 127) / 128);
+  const int key_tiles = (t.c.seqlen_k + t.block_n - 1) / t.block_n;
+  ASSERT_GE(t.c.seqlen_k, cuda::sm90::kSplitTailMinKeys);
+  ASSERT_GT(cuda::sm90::plan_split_tail(tiles, t.max_ctas, key_tiles, true).tiles, 0);
+  FA_REQUIRE_SM90();
+  const Problem p = make_problem(t.c);
+  ForwardRun a, b;
+  ASSERT_TRUE(run_forward(p, true, Path::kSm90Direct, a, t.max_ctas));
+  expect_forward_matches_reference(p, a);
+  ASSERT_TRUE(run_forward(p, true, Path::kSm90Direct, b, t.max_ctas, true));
+  EXPECT_EQ(a.out.bytes, b.out.bytes);
+  EXPECT_EQ(a.lse.bytes, b.lse.bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, Sm90SplitTail, ::testing::ValuesIn(split_tail_cases()),
+                         [](const auto& info) {
+                           return info.param.c.name() + "_ctas" + std::to_string(info.param.max_ctas);
+                         });
 
 }  // namespace
 }  // namespace flashattn::testing

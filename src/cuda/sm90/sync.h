@@ -84,4 +84,17 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// Programmatic dependent launch: a kernel launched after this one with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start once every CTA
+// of this one has called grid_launch_dependents (or exited); it calls
+// grid_dependency_wait before it reads what this one wrote (it returns once
+// this grid has completed and its memory is visible; at once without a
+// programmatic launch).
+__device__ __forceinline__ void grid_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 }  // namespace flashattn::cuda::sm90

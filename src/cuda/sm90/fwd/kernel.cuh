@@ -51,6 +51,11 @@ namespace flashattn::cuda::sm90 {
 
 struct FwdArgs {
   TileOrder order;    // which query tile each CTA takes in each round (schedule.h)
+  int num_steps;      // steps of a CTA's walk: rounds of whole tiles, or its split-tail segments
+  SplitTail tail;     // the split-tail kernel's tiles, cut along the keys (schedule.h)
+  float* part_o;      // split tail: each part's O, max and sum, [tail tile][part][warp] slots
+  int* part_count;    // split tail: parts finished per (tail tile, consumer warp)
+  int part_counters;  // split tail: how many; zeroed by the main kernel
   float scale_log2;   // logit_scale * log2(e): exp(x) = exp2(x * log2 e)
   float logit_scale;  // logits = S * logit_scale after the optional tanh
   float softcap_in;   // 0: no softcap; else S -> tanh(S * softcap_in), softcap_in = scale / softcap
@@ -65,7 +70,7 @@ template <int D, typename T, int C = ForwardTuning<D>::kConsumers, int N = Forwa
 struct FwdTraits {
   using Tune = ForwardTuning<D>;
   static constexpr int kConsumers = C;  // warpgroups of 64 query rows
-  static constexpr int kProducerRegs = Tune::kProducerRegs;
+  static constexpr int kProducerRegs = sm90::kProducerRegs;
   static constexpr int kConsumerRegs = consumer_regs(C);
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = N;
@@ -101,8 +106,12 @@ struct FwdTraits {
   static_assert(kBlockM <= 256, "a TMA box has at most 256 rows");
   static_assert(kQStages == 1 || kQStages == 2, "one Q buffer, or two (next tile's Q prefetched)");
   static_assert(kStages >= 2, "the producer's early Q needs a K/V ring of at least two stages");
-  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536,
-                "setmaxnreg budget over the register file");
+  // setmaxnreg only moves registers the CTA got at launch (65536 / kThreads,
+  // rounded down to 8, per thread): a consumer asking for more than the
+  // producer gave up waits forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+                "setmaxnreg budget over the registers the CTA launches with");
   // Barrier ids for the ping-pong (0 is __syncthreads): consumer c waits on
   // kTurnBarrier0 + c, which consumer c-1 (mod kConsumers) arrives on.
   static constexpr uint32_t kTurnBarrier0 = 1;
@@ -139,6 +148,27 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const Fw
     w.n_end = ke > kb ? (ke + kBlockN - 1) / kBlockN : w.n_begin;
   }
   return w;
+}
+
+// Step `step` of this CTA's walk: in the main kernel round `step` of whole
+// tiles; in the split-tail kernel (kSplit) its segment `step` of the tail, a
+// key range of a tail tile (seg). false: no tile at this step. Producer and
+// consumers walk the same steps.
+template <int kBlockM, int kBlockN, bool kSplit>
+__device__ __forceinline__ bool work_at(const AttentionParams& p, const FwdArgs& a, int step, TileWork& w,
+                                        SplitSegment& seg) {
+  if constexpr (kSplit) {
+    if (!split_segment(a.tail, gridDim.x, blockIdx.x, step, seg)) return false;
+    w = tile_work<kBlockM, kBlockN>(p, a, a.tail.first_rank + seg.tile);
+    w.n_end = min(w.n_end, w.n_begin + seg.key_hi);
+    w.n_begin += seg.key_lo;
+    return true;
+  } else {
+    const int t = rank_of(a.order, step, gridDim.x, blockIdx.x);
+    if (t >= a.order.num_ranks) return false;
+    w = tile_work<kBlockM, kBlockN>(p, a, t);
+    return true;
+  }
 }
 
 // 2^x in one MUFU.EX2 (exp2f adds a range check and a rescale per element for
@@ -217,7 +247,70 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
   }
 }
 
-template <int D, typename T, int C, int N>
+// Split tail (schedule.h): this warp's part of a tail tile (its 16 rows'
+// unnormalized O, row max and row sum) goes to the part's slot; the warp that
+// completes the tile's last part merges every part, in part order (so the
+// result does not depend on which finished last), into o, m, l:
+//   m = max_j m_j;  O = sum_j O_j 2^((m_j - m) scale_log2);  l likewise,
+// and returns true. The others return false: their rows are not theirs to store.
+// Slots: [tail tile][part][consumer warp][float4 i][lane], O then (m0, m1, l0, l1).
+template <int D>
+__device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSegment& seg, int warp_slot,
+                                                 int num_warps, int lane, float (&o)[D / 2],
+                                                 float (&m)[2], float (&l)[2]) {
+  constexpr int kVecs = D / 8;  // float4s of O per thread; the (m, l) one follows
+  auto slot = [&](int part) {
+    const size_t s = (static_cast<size_t>(seg.tile) * a.tail.max_parts + part) * num_warps + warp_slot;
+    return reinterpret_cast<float4*>(a.part_o) + s * (kVecs + 1) * 32 + lane;
+  };
+  float4* mine = slot(seg.part);
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) __stcg(mine + i * 32, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+  __stcg(mine + kVecs * 32, make_float4(m[0], m[1], l[0], l[1]));
+  __threadfence();  // this part's slot is visible before the count says so
+  __syncwarp();
+  int finished = 0;
+  if (lane == 0) {
+    // The counters were zeroed by the main kernel: wait until it has completed
+    // (a no-op without a programmatic launch, or once it has).
+    grid_dependency_wait();
+    finished = atomicAdd(&a.part_count[seg.tile * num_warps + warp_slot], 1);
+  }
+  finished = __shfl_sync(0xffffffff, finished, 0);
+  if (finished != seg.parts - 1) return false;
+  __threadfence();
+  float mt[2] = {-INFINITY, -INFINITY};
+  for (int j = 0; j < seg.parts; ++j) {
+    const float4 ml = __ldcg(slot(j) + kVecs * 32);
+    mt[0] = fmaxf(mt[0], ml.x);
+    mt[1] = fmaxf(mt[1], ml.y);
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  l[0] = l[1] = 0.0f;
+  for (int j = 0; j < seg.parts; ++j) {
+    const float4* src = slot(j);
+    const float4 ml = __ldcg(src + kVecs * 32);
+    // A part whose rows saw no key (max -inf) adds nothing.
+    const float f0 = ml.x == -INFINITY ? 0.0f : fast_exp2((ml.x - mt[0]) * a.scale_log2);
+    const float f1 = ml.y == -INFINITY ? 0.0f : fast_exp2((ml.y - mt[1]) * a.scale_log2);
+    l[0] += ml.z * f0;
+    l[1] += ml.w * f1;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const float4 v = __ldcg(src + i * 32);
+      o[4 * i] += v.x * f0;
+      o[4 * i + 1] += v.y * f0;
+      o[4 * i + 2] += v.z * f1;
+      o[4 * i + 3] += v.w * f1;
+    }
+  }
+  m[0] = mt[0];
+  m[1] = mt[1];
+  return true;
+}
+
+template <int D, typename T, int C, int N, bool kSplit>
 __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
@@ -242,6 +335,14 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
   constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
 
   const int wg = warpgroup_index();
+  if constexpr (!kSplit) {
+    // The split-tail kernel that may follow (launch_kernel) starts as this
+    // grid's CTAs exit; its merges wait for this grid before they count parts.
+    if (blockIdx.x == 0) {
+      for (int i = threadIdx.x; i < a.part_counters; i += blockDim.x) a.part_count[i] = 0;
+    }
+    grid_launch_dependents();
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < K::kQStages; ++s) {
       mbar_init(&full_q[s], 1);
@@ -268,17 +369,17 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       const int group = p.heads_q / p.heads_kv;
       int qt = 0;  // tiles with loads so far: Q buffer qt % kQStages
       int it = 0;
-      // What a tile's loads need, and no more (the producer runs on 24 registers).
+      // What a tile's loads need, and no more (the producer runs on kProducerRegs registers).
       struct Loads {
         int row_q, row_k0, h, bq, n_begin, n_end;
       };
-      // The next tile of this CTA's walk that has loads, from round `round` on
+      // The next tile of this CTA's walk that has loads, from step `step` on
       // (the consumers skip the same tiles: invalid, or no visible key).
-      auto next_tile = [&](int& round, Loads& l) {
-        for (; round < a.order.num_rounds; ++round) {
-          const int t = rank_of(a.order, round, gridDim.x, blockIdx.x);
-          if (t >= a.order.num_ranks) continue;
-          const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
+      auto next_tile = [&](int& step, Loads& l) {
+        for (; step < a.num_steps; ++step) {
+          TileWork w;
+          SplitSegment seg;
+          if (!work_at<kBlockM, kBlockN, kSplit>(p, a, step, w, seg)) continue;
           if (!w.valid || w.n_end <= w.n_begin) continue;
           l.row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
           l.row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
@@ -315,14 +416,14 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       // after all its K/V loads (earlier, it would wait on K/V not yet
       // loaded: a deadlock).
       constexpr int kQLead = K::kQStages == 2 && K::Tune::kEarlyQ ? kStages - 1 : 1 << 30;
-      int round = 0;
+      int step = 0;
       Loads w;
-      bool have = next_tile(round, w);
+      bool have = next_tile(step, w);
       if (have) issue_q(w);
       while (have) {
-        int round_next = round + 1;
+        int step_next = step + 1;
         Loads wn;
-        const bool have_next = next_tile(round_next, wn);
+        const bool have_next = next_tile(step_next, wn);
         const int hk = w.h / group;
         int loaded = 0;
         for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
@@ -345,7 +446,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
         }
         if (loaded < kQLead && have_next) issue_q(wn);
         w = wn;
-        round = round_next;
+        step = step_next;
         have = have_next;
       }
     }
@@ -384,10 +485,10 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
 
     int qt = 0;  // tiles with loads so far, as the producer counts them
     int it = 0;
-    for (int round = 0; round < a.order.num_rounds; ++round) {
-      const int t = rank_of(a.order, round, gridDim.x, blockIdx.x);
-      if (t >= a.order.num_ranks) continue;
-      const TileWork w = tile_work<kBlockM, kBlockN>(p, a, t);
+    for (int step = 0; step < a.num_steps; ++step) {
+      TileWork w;
+      SplitSegment seg;
+      if (!work_at<kBlockM, kBlockN, kSplit>(p, a, step, w, seg)) continue;
       if (!w.valid) continue;
       const MaskPolicy mask = mask_for(p, w.seq);
       const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
@@ -595,9 +696,21 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
         l[r] = sum;
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
       }
+      // A part of a split tail tile: only the warp that merges the tile's last
+      // part stores the rows (from registers: the other warps of its
+      // warpgroup may have stored theirs or not yet).
+      bool merged = false;
+      if constexpr (kSplit) {
+        if (seg.parts > 1) {
+          if (!merge_split_part<D>(a, seg, cw * 4 + warp, 4 * K::kConsumers, lane, o, m, l)) continue;
+          merged = true;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        }
+      }
       bool o_stored = false;
       if constexpr (K::kOTma) {
-        if (!varlen) {
+        if (!varlen && !merged) {
           o_stored = true;
           uint8_t* so = smem + K::kOOff + cw * K::kOBytes;
           const uint32_t o_bar = K::kOBarrier0 + cw;
@@ -659,6 +772,36 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
 #endif
 }
 
+// The split-tail kernel, launched right after the main one with programmatic
+// stream serialization: its CTAs take the SMs as the main kernel's exit (the
+// tail does not read what the main kernel writes, except the part counters it
+// zeroes: merge_split_part waits for the main grid before counting). Without
+// that launch attribute (a driver or graph that refuses it), a plain launch.
+template <int D, typename T, int C, int N>
+cudaError_t launch_split_tail(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+                              const CUtensorMap& mo, const AttentionParams& p, FwdArgs a, int grid) {
+  using K = FwdTraits<D, T, C, N>;
+  auto kernel = forward_kernel<D, T, C, N, true>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  a.num_steps = max_split_segments(a.tail, grid);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(K::kThreads);
+  config.dynamicSmemBytes = K::kSmemBytes;
+  config.stream = static_cast<cudaStream_t>(p.stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, kernel, mq, mk, mv, mo, p, a);
+  if (err == cudaSuccess) return cudaSuccess;
+  cudaGetLastError();
+  kernel<<<grid, K::kThreads, K::kSmemBytes, config.stream>>>(mq, mk, mv, mo, p, a);
+  return cudaGetLastError();
+}
+
 template <int D, typename T, int C, int N>
 fa_status launch_kernel(const AttentionParams& p) {
   using K = FwdTraits<D, T, C, N>;
@@ -716,17 +859,60 @@ fa_status launch_kernel(const AttentionParams& p) {
   const double kv_per_head = 4.0 * p.seqlen_k * p.head_dim / p.group_size();
   const double fit = (l2_bytes / 2) / (kv_per_head > 1.0 ? kv_per_head : 1.0);
   const int num_bh = p.batch * p.heads_q;
+  if (p.max_ctas > 0 && p.max_ctas < sms) sms = p.max_ctas;
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
   // Causal pairs need tile costs that pair up: a plain causal mask, fixed lengths.
   const bool plain_causal = !p.is_varlen() && p.window_right == 0 && p.window_left < 0;
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
                             {kTightGroups, kBalancedGroups, kCausalPairs && plain_causal});
 
-  auto kernel = forward_kernel<D, T, C, N>;
+  a.num_steps = a.order.num_rounds;
+
+  // Split tail (schedule.h): where every tile costs the same (no mask, fixed
+  // lengths), the main kernel walks the whole rounds and a second kernel the
+  // last round's tiles cut along the keys over all CTAs, merging a tile's
+  // parts through a workspace: [O, max and sum slots][part counters].
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  constexpr bool kHasSplitTail = K::Tune::kSplitTail && N == K::Tune::kLongBlockN;
+  const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
+  SplitTail tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
+                                   kHasSplitTail && !p.has_mask() && !varlen && p.seqlen_k >= kSplitTailMinKeys);
+  a.tail = tail;
+  a.part_o = nullptr;
+  a.part_count = nullptr;
+  a.part_counters = 0;
+  void* workspace = nullptr;
+  if (tail.tiles > 0) {
+    const size_t warps = 4 * K::kConsumers;
+    const size_t slot_bytes = warps * 32 * (D / 2 + 4) * sizeof(float);
+    const size_t o_bytes = static_cast<size_t>(tail.tiles) * tail.max_parts * slot_bytes;
+    const size_t count_bytes = static_cast<size_t>(tail.tiles) * warps * sizeof(int);
+    if (cudaMallocAsync(&workspace, o_bytes + count_bytes, stream) == cudaSuccess) {
+      a.part_o = static_cast<float*>(workspace);
+      a.part_count = reinterpret_cast<int*>(static_cast<uint8_t*>(workspace) + o_bytes);
+      a.part_counters = static_cast<int>(tail.tiles * warps);
+      a.num_steps = tail.first_rank / grid;
+    } else {
+      // No workspace (out of memory, no stream-ordered allocator): whole tiles only.
+      cudaGetLastError();
+      workspace = nullptr;
+      tail.tiles = 0;
+    }
+  }
+
+  auto kernel = forward_kernel<D, T, C, N, false>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
-  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
-  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mk, mv, mo, p, a);
-  err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mk, mv, mo, p, a);
+    err = cudaGetLastError();
+  }
+  if constexpr (kHasSplitTail) {
+    if (err == cudaSuccess && tail.tiles > 0) err = launch_split_tail<D, T, C, N>(mq, mk, mv, mo, p, a, grid);
+  }
+  if (workspace != nullptr) {
+    const cudaError_t free_err = cudaFreeAsync(workspace, stream);
+    if (err == cudaSuccess) err = free_err;
+  }
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward launch: ") + cudaGetErrorString(err));
   return FA_OK;
 }

@@ -21,6 +21,8 @@
 // when the heads do not fit in L2.)
 #pragma once
 
+#include <cstdint>
+
 #include "core/mask.h"  // FA_HOST_DEVICE
 
 namespace flashattn::cuda::sm90 {
@@ -170,6 +172,89 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
     o.group_extra = 0;
   }
   return o;
+}
+
+// NOTES (split tail): with every tile of the same cost (no mask, fixed
+// lengths) and T tiles on G CTAs, the last of ceil(T / G) rounds has only
+// T mod G tiles: at the protocol's shapes 2048 tiles on 132 SMs (hdim 128)
+// leave the last round half empty, 1024 (hdim 256) a quarter. The tiles of
+// that round (ranks from first_rank on) are cut along the keys instead: their
+// key tiles, tail tile after tail tile, are dealt to the G CTAs in equal
+// contiguous chunks, walked by a second kernel, and a tail tile cut over
+// several CTAs is finished by the last of them (kernel.cuh: partial O, max
+// and sum through a workspace). Where it pays: tuning.h's kSplitTailMinKeys.
+struct SplitTail {
+  int first_rank;  // ranks below it are whole tiles, dealt in rounds
+  int tiles;       // tail tiles, ranks first_rank .. first_rank + tiles - 1 (0: no split)
+  int key_tiles;   // key tiles of every tile
+  int max_parts;   // the most CTAs a tail tile is cut over
+};
+
+// Units: tail tile i's key tile k is unit i * key_tiles + k; CTA c holds
+// units [c * U / G, (c+1) * U / G) (U = tiles * key_tiles). 32-bit: the plan
+// keeps U * G below 2^31 (the producer, on few registers, does this math).
+FA_HOST_DEVICE int split_unit_begin(const SplitTail& s, int grid, int cta) {
+  return cta * (s.tiles * s.key_tiles) / grid;
+}
+// The CTA whose chunk holds unit u.
+FA_HOST_DEVICE int split_unit_owner(const SplitTail& s, int grid, int u) {
+  return ((u + 1) * grid - 1) / (s.tiles * s.key_tiles);
+}
+
+// One CTA's piece of a tail tile: key tiles [key_lo, key_hi) of tail tile
+// `tile`, part `part` of `parts` (parts in CTA order).
+struct SplitSegment {
+  int tile, key_lo, key_hi, part, parts;
+};
+
+// Segment `k` of CTA `cta`'s chunk; false past its last one.
+FA_HOST_DEVICE bool split_segment(const SplitTail& s, int grid, int cta, int k, SplitSegment& seg) {
+  const int u0 = split_unit_begin(s, grid, cta), u1 = split_unit_begin(s, grid, cta + 1);
+  if (u1 <= u0) return false;
+  const int n = s.key_tiles;
+  const int tile = u0 / n + k;
+  if (tile > (u1 - 1) / n) return false;
+  const int t0 = tile * n;
+  seg.tile = tile;
+  seg.key_lo = (u0 > t0 ? u0 : t0) - t0;
+  seg.key_hi = (u1 < t0 + n ? u1 : t0 + n) - t0;
+  const int first = split_unit_owner(s, grid, t0);
+  seg.part = cta - first;
+  seg.parts = split_unit_owner(s, grid, t0 + n - 1) - first + 1;
+  return true;
+}
+
+// The most segments a CTA's chunk has (tail tiles it touches).
+inline int max_split_segments(const SplitTail& s, int grid) {
+  int most = 0;
+  for (int c = 0; c < grid; ++c) {
+    const int u0 = split_unit_begin(s, grid, c), u1 = split_unit_begin(s, grid, c + 1);
+    const int n = u1 > u0 ? (u1 - 1) / s.key_tiles - u0 / s.key_tiles + 1 : 0;
+    if (n > most) most = n;
+  }
+  return most;
+}
+
+// kMinSplitChunk: key tiles per CTA below which the tail is not split (each piece
+// pays a prologue, an epilogue and its part of the merge).
+constexpr int kMinSplitChunk = 2;
+
+// The split tail for num_tiles tiles of key_tiles key tiles each on `grid`
+// CTAs, where `uniform` (every tile the same cost); tiles = 0: none.
+inline SplitTail plan_split_tail(int num_tiles, int grid, int key_tiles, bool uniform) {
+  SplitTail s{num_tiles, 0, key_tiles, 1};
+  const int tail = num_tiles % grid;
+  if (!uniform || num_tiles <= grid || tail == 0 || key_tiles < 1) return s;
+  const int64_t units = static_cast<int64_t>(tail) * key_tiles;
+  if (units < static_cast<int64_t>(kMinSplitChunk) * grid || units * (grid + 1) >= (int64_t{1} << 31)) return s;
+  s.first_rank = num_tiles - tail;
+  s.tiles = tail;
+  for (int i = 0; i < tail; ++i) {
+    const int t0 = i * key_tiles;
+    const int parts = split_unit_owner(s, grid, t0 + key_tiles - 1) - split_unit_owner(s, grid, t0) + 1;
+    if (parts > s.max_parts) s.max_parts = parts;
+  }
+  return s;
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -38,6 +38,12 @@
 //             of full groups and a remainder (schedule.h).
 //   kCausalPairs  plain causal masks: query tiles i and last-i dealt as one
 //             pair of equal total cost (schedule.h), instead of the snake.
+//   kSplitTail  where every tile costs the same (no mask, fixed lengths)
+//             and walks at least kSplitTailMinKeys keys, the last round's
+//             tiles are cut along the keys over all CTAs by a second kernel
+//             (schedule.h's split tail), on the long-key instantiation only:
+//             two more kernels per head dim to compile, so only for the head
+//             dims whose long-key cells were short of their target.
 //   kTightGroups  the tile order's head groups as small as the one round
 //             they must span, without a mask and where a round spans at least
 //             4 heads anyway (schedule.h).
@@ -102,17 +108,38 @@
 #ifndef FLASHATTN_SM90_CAUSAL_PAIRS
 #define FLASHATTN_SM90_CAUSAL_PAIRS 1
 #endif
+#ifndef FLASHATTN_SM90_SPLIT_TAIL
+#define FLASHATTN_SM90_SPLIT_TAIL 1
+#endif
 #ifndef FLASHATTN_SM90_EARLY_Q
 #define FLASHATTN_SM90_EARLY_Q 1
 #endif
 
 namespace flashattn::cuda::sm90 {
 
+// NOTES (split tail, kSplitTailMinKeys): the tail kernel pays a launch, a
+// prologue and an epilogue per piece, and the partial O round trip; the
+// half-empty last round it replaces runs faster than a full one (fewer CTAs
+// share L2 and power). Profiled (torch.profiler, back to back, H100 bf16
+// non-causal): d128 2k: main 424.6 us + tail ending 27 us later vs 443.8 us
+// unsplit (-2%); d256 2k -5%; d128 4k +0.7%; d128 16k 3499 vs 3590 us
+// (+2.5%). A/B in one process (bench/sm90_fwd_ab.py, split / unsplit): 1k-4k
+// -1..-5% (d128, d256); 8k +2.0/+5.6% (d128, two runs), +2.9/+2.8% (d256);
+// 16k -1.5/+1.5% (d128), -0.4/+4.4% (d256). Hence only from 8192 keys.
+inline constexpr int kSplitTailMinKeys = 8192;
+
+// Registers per producer thread. setmaxnreg moves registers within what the
+// CTA got at launch: 384 threads (two consumer warpgroups) launch at 168 each
+// (65536 / 384 rounded down to 8), so the consumers' 2 * (240 - 168) per
+// thread-slot must all come from the producer: 168 - 24 = 144. (At 32 the
+// consumers' setmaxnreg waited forever.)
+inline constexpr int kProducerRegs = 24;
+
 // Registers per consumer thread for a given number of consumer warpgroups:
-// what is left of 512 per thread-slot after the producer's 24, rounded down to
+// what is left of 512 per thread-slot after the producer's, rounded down to
 // setmaxnreg's multiple of 8, capped at its 240 (2: 240, 3: 160).
 constexpr int consumer_regs(int consumers) {
-  const int r = ((512 - 24) / consumers) / 8 * 8;
+  const int r = ((512 - kProducerRegs) / consumers) / 8 * 8;
   return r < 240 ? r : 240;
 }
 
@@ -138,12 +165,12 @@ template <>
 struct ForwardTuning<64> {
   static constexpr int kConsumers = FLASHATTN_SM90_CONSUMERS_64;
   static constexpr int kCausalConsumers = FLASHATTN_SM90_CAUSAL_CONSUMERS_64;
-  static constexpr int kProducerRegs = 24;
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kSplitTail = false;  // meets its target without
 };
 
 // NOTES: 128-key tiles and two Q buffers: 2 * 32 + 2 * 2 * 32 = 192 KB (176-key
@@ -164,13 +191,14 @@ struct ForwardTuning<64> {
 // the ragged last tile wastes more of its width).
 template <>
 struct ForwardTuning<128> {
-  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr int kLongBlockN = FLASHATTN_SM90_LONG_BLOCKN_128, kLongKeys = 8192;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kSplitTail = FLASHATTN_SM90_SPLIT_TAIL;
 };
 
 // NOTES: d = 192 (three 64-column swizzle blocks) has its own kernel: run on
@@ -182,13 +210,14 @@ struct ForwardTuning<128> {
 // non-causal 573/600/633 vs 566/586/613, causal 447/467/573 vs 448/456/562.
 template <>
 struct ForwardTuning<192> {
-  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_192, kStages = 2;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kSplitTail = false;  // no target at d 192
 };
 
 // NOTES: O alone is 128 regs per thread, so narrow K/V tiles: 80 keys
@@ -203,12 +232,13 @@ struct ForwardTuning<192> {
 // (non-causal 2k/4k/8k), causal 472/512/574 vs 482/520/579: no gain.
 template <>
 struct ForwardTuning<256> {
-  static constexpr int kConsumers = 2, kCausalConsumers = 2, kProducerRegs = 24;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kSplitTail = FLASHATTN_SM90_SPLIT_TAIL;
 };
 
 }  // namespace flashattn::cuda::sm90
