@@ -265,7 +265,8 @@ __device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSe
   };
   float4* mine = slot(seg.part);
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) __stcg(mine + i * 32, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+  for (int i = 0; i < kVecs; ++i)
+    __stcg(mine + i * 32, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
   __stcg(mine + kVecs * 32, make_float4(m[0], m[1], l[0], l[1]));
   __threadfence();  // this part's slot is visible before the count says so
   __syncwarp();
@@ -875,8 +876,9 @@ fa_status launch_kernel(const AttentionParams& p) {
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   constexpr bool kHasSplitTail = K::Tune::kSplitTail && N == K::Tune::kLongBlockN;
   const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
+  const bool uniform = !p.has_mask() && !varlen;
   SplitTail tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
-                                   kHasSplitTail && !p.has_mask() && !varlen && p.seqlen_k >= kSplitTailMinKeys);
+                                   kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
   a.tail = tail;
   a.part_o = nullptr;
   a.part_count = nullptr;

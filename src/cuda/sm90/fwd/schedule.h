@@ -246,7 +246,8 @@ inline SplitTail plan_split_tail(int num_tiles, int grid, int key_tiles, bool un
   const int tail = num_tiles % grid;
   if (!uniform || num_tiles <= grid || tail == 0 || key_tiles < 1) return s;
   const int64_t units = static_cast<int64_t>(tail) * key_tiles;
-  if (units < static_cast<int64_t>(kMinSplitChunk) * grid || units * (grid + 1) >= (int64_t{1} << 31)) return s;
+  if (units < static_cast<int64_t>(kMinSplitChunk) * grid) return s;
+  if (units * (grid + 1) >= (int64_t{1} << 31)) return s;  // the 32-bit unit math
   s.first_rank = num_tiles - tail;
   s.tiles = tail;
   for (int i = 0; i < tail; ++i) {
