@@ -114,9 +114,9 @@ FA_API fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_ten
 /* Bytes of scratch memory fa_forward uses beyond its inputs and outputs (the
  * CPU backend's per-thread tiles): never O(seqlen^2). 0 on CUDA, where the
  * Hopper forward allocates its own from the stream-ordered pool when it splits
- * the last round of an unmasked run of at least 8192 keys (partial outputs: at
- * most about 3 x SMs x 512 x (head_dim + 8) bytes, ~53 MB at head_dim 256 on
- * an H100). */
+ * the last round of an unmasked run of at least 8192 keys (partial outputs:
+ * 512 x (head_dim + 8) bytes per piece of a cut query tile, at most a few
+ * pieces per SM). */
 FA_API fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k,
                                            const fa_tensor* v, const fa_varlen* varlen,
                                            const fa_options* options, size_t* bytes);

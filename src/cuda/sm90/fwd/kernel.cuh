@@ -54,8 +54,7 @@ struct FwdArgs {
   int num_steps;      // steps of a CTA's walk: rounds of whole tiles, or its split-tail segments
   SplitTail tail;     // the split-tail kernel's tiles, cut along the keys (schedule.h)
   float* part_o;      // split tail: each part's O, max and sum, [tail tile][part][warp] slots
-  int* part_count;    // split tail: parts finished per (tail tile, consumer warp)
-  int part_counters;  // split tail: how many; zeroed by the main kernel
+  int* part_count;    // split tail: parts finished per (tail tile, consumer warp); zeroed by the main kernel
   float scale_log2;   // logit_scale * log2(e): exp(x) = exp2(x * log2 e)
   float logit_scale;  // logits = S * logit_scale after the optional tanh
   float softcap_in;   // 0: no softcap; else S -> tanh(S * softcap_in), softcap_in = scale / softcap
@@ -339,8 +338,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
   if constexpr (!kSplit) {
     // The split-tail kernel that may follow (launch_kernel) starts as this
     // grid's CTAs exit; its merges wait for this grid before they count parts.
-    if (blockIdx.x == 0) {
-      for (int i = threadIdx.x; i < a.part_counters; i += blockDim.x) a.part_count[i] = 0;
+    if (blockIdx.x == 0 && a.part_count != nullptr) {
+      for (int i = threadIdx.x; i < a.tail.tiles * 4 * K::kConsumers; i += blockDim.x) a.part_count[i] = 0;
     }
     grid_launch_dependents();
   }
@@ -877,12 +876,11 @@ fa_status launch_kernel(const AttentionParams& p) {
   constexpr bool kHasSplitTail = K::Tune::kSplitTail && N == K::Tune::kLongBlockN;
   const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
   const bool uniform = !p.has_mask() && !varlen;
-  SplitTail tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
-                                   kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
-  a.tail = tail;
+  SplitTail& tail = a.tail;
+  tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
+                         kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
   a.part_o = nullptr;
   a.part_count = nullptr;
-  a.part_counters = 0;
   void* workspace = nullptr;
   if (tail.tiles > 0) {
     const size_t warps = 4 * K::kConsumers;
@@ -892,7 +890,6 @@ fa_status launch_kernel(const AttentionParams& p) {
     if (cudaMallocAsync(&workspace, o_bytes + count_bytes, stream) == cudaSuccess) {
       a.part_o = static_cast<float*>(workspace);
       a.part_count = reinterpret_cast<int*>(static_cast<uint8_t*>(workspace) + o_bytes);
-      a.part_counters = static_cast<int>(tail.tiles * warps);
       a.num_steps = tail.first_rank / grid;
     } else {
       // No workspace (out of memory, no stream-ordered allocator): whole tiles only.
