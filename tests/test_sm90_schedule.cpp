@@ -44,8 +44,9 @@ std::vector<Shape> shapes() {
 
 TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
   for (const TileOrderPolicy policy :
-       {TileOrderPolicy{false, false, false}, TileOrderPolicy{true, true, false},
-        TileOrderPolicy{false, true, false}, TileOrderPolicy{true, true, true}}) {
+       {TileOrderPolicy{false, false, false}, TileOrderPolicy{true, false, false},
+        TileOrderPolicy{true, true, false}, TileOrderPolicy{true, false, true},
+        TileOrderPolicy{true, true, true}}) {
     for (const Shape& s : shapes()) {
       const TileOrder o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, s.masked, policy);
       SCOPED_TRACE(testing::Message() << "m " << s.num_m_blocks << " bh " << s.num_bh << " grid "
@@ -102,7 +103,7 @@ TEST(Sm90Schedule, EveryTileOnceAndHeaviestFirstWithinAGroup) {
 // The plan's group sizes for (query tiles per head, pairs, L2 fit), causal, on 132 CTAs.
 void expect_causal_groups(int num_m_blocks, int num_bh, double l2_fit, bool balanced, int heads,
                           int extra) {
-  const TileOrder o = plan_tile_order(num_m_blocks, num_bh, 132, l2_fit, true, {true, balanced, false});
+  const TileOrder o = plan_tile_order(num_m_blocks, num_bh, 132, l2_fit, true, {balanced, false, false});
   EXPECT_EQ(o.group_heads, heads) << "m " << num_m_blocks << " bh " << num_bh;
   EXPECT_EQ(o.group_extra, extra) << "m " << num_m_blocks << " bh " << num_bh;
 }
@@ -125,7 +126,7 @@ TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
   // Every balanced plan keeps each group at two rounds or more.
   for (const Shape& s : shapes()) {
     if (s.masked) {
-      o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, true, {true, true, false});
+      o = plan_tile_order(s.num_m_blocks, s.num_bh, s.grid, s.l2_fit, true, {true, false, false});
       if (o.group_extra > 0 || s.num_bh % o.group_heads == 0) {
         const int smallest = o.group_heads < s.num_bh ? o.group_heads : s.num_bh;
         EXPECT_TRUE(smallest * s.num_m_blocks >= 2 * s.grid || smallest == s.num_bh)
@@ -133,13 +134,38 @@ TEST(Sm90Schedule, BalancedGroupsDifferByAtMostOneAndSpanTwoRounds) {
       }
     }
   }
-  // Unmasked, a round spanning >= 4 heads: tight one-round groups.
-  o = plan_tile_order(16, 128, 132, 25.0, false, {true, true, false});
-  EXPECT_GE(o.group_heads * 16, 132);
-  EXPECT_LT(o.group_heads, 25);
-  // ... and not where a round spans fewer heads (16k: 128 tiles per head).
-  o = plan_tile_order(128, 16, 132, 3.0, false, {true, true, false});
-  EXPECT_GE(o.group_heads, 3);
+}
+
+// Head-major ranks: consecutive ranks walk one head's query tiles (or causal
+// pairs), heaviest first, then the next head's; masked runs without pairs
+// keep the snake's groups.
+TEST(Sm90Schedule, HeadMajorWalksOneHeadAtATime) {
+  const TileOrderPolicy policy{true, false, true};
+  // hdim 256, 2k: 16 query tiles per head, 64 heads, 132 CTAs; and 16k.
+  for (int m : {16, 128}) {
+    const int bh_count = 1024 / m;
+    const TileOrder o = plan_tile_order(m, bh_count, 132, 12.5, false, policy);
+    ASSERT_EQ(o.head_major, 1);
+    for (int t = 0; t < o.num_ranks; ++t) {
+      int bh, mb;
+      tile_of_rank(o, bh_count, t, bh, mb);
+      EXPECT_EQ(bh, t / m);
+      EXPECT_EQ(mb, m - 1 - t % m);
+    }
+  }
+  EXPECT_EQ(plan_tile_order(16, 64, 132, 12.5, true, policy).head_major, 0);
+  EXPECT_EQ(plan_tile_order(16, 64, 132, 12.5, false, {true, false, false}).head_major, 0);
+  // Causal pairs, head-major: pair k of head h is ranks 2 * (h * 8 + k) and
+  // 2 * (h * 8 + k) + 1 (query tiles 15 - k and k).
+  const TileOrder o = plan_tile_order(16, 64, 132, 12.5, true, {true, true, true});
+  ASSERT_EQ(o.paired, 1);
+  ASSERT_EQ(o.head_major, 1);
+  for (int t = 0; t < o.num_ranks; ++t) {
+    int bh, mb;
+    tile_of_rank(o, 64, t, bh, mb);
+    EXPECT_EQ(bh, (t / 2) / 8);
+    EXPECT_EQ(mb, t % 2 == 0 ? 15 - (t / 2) % 8 : (t / 2) % 8);
+  }
 }
 
 // The split tail: every key tile of every tail tile is walked by exactly one

@@ -864,7 +864,7 @@ fa_status launch_kernel(const AttentionParams& p) {
   // Causal pairs need tile costs that pair up: a plain causal mask, fixed lengths.
   const bool plain_causal = !p.is_varlen() && p.window_right == 0 && p.window_left < 0;
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
-                            {kTightGroups, kBalancedGroups, kCausalPairs && plain_causal});
+                            {kBalancedGroups, kCausalPairs && plain_causal, kHeadMajor});
 
   a.num_steps = a.order.num_rounds;
 

@@ -2,23 +2,26 @@
 // each CTA takes in each round. Plain C++ (host and device), so the CPU tests
 // check that every tile is taken exactly once.
 //
-// NOTES: the persistent walk. Plain causal masks (fixed lengths) deal pairs of
-// query tiles of equal total cost (plan_tile_order); everything else a snake.
-// Tile ranks are dealt to the CTAs in a snake:
-// round r gives rank r*G + c to CTA c when r is even and r*G + G-1-c when r
-// is odd (G = gridDim.x), so a CTA that drew an expensive tile in one round
-// draws a cheap one in the next. Rank -> tile: (batch, head) pairs are cut into
-// groups whose K/V fit in half the L2; a group's tiles come query tile outer,
-// heaviest (last, for bottom-right causal) first, (batch, head) inner. Ranks
-// thus fall in cost within a group (a longest-first greedy with the snake),
-// and the CTAs of a round work on a few heads whose K/V stay in L2 while they
-// walk the keys in step.
+// NOTES: the persistent walk. Rank t goes to CTA c in round r (rank_of);
+// rank -> query tile (tile_of_rank) in one of three orders:
+//  - unmasked runs: head-major, a head's query tiles on consecutive ranks,
+//    so the CTAs of a round walk ~grid / num_m_blocks heads in step and each
+//    head's K/V is read from DRAM about once (plan_tile_order's NOTES);
+//  - plain causal masks (fixed lengths): pairs of query tiles of equal total
+//    cost, also head-major;
+//  - everything else (windows, variable lengths with a mask): a snake. Round
+//    r gives rank r*G + c to CTA c when r is even and r*G + G-1-c when r is
+//    odd (G = gridDim.x), so a CTA that drew an expensive tile in one round
+//    draws a cheap one in the next. (batch, head) pairs are cut into groups
+//    whose K/V fit in half the L2; a group's tiles come query tile outer,
+//    heaviest (last, for bottom-right causal) first, (batch, head) inner, so
+//    ranks fall in cost within a group (a longest-first greedy with the
+//    snake).
 // (Measured before: plain round-robin over (batch, head)-outer ranks gave CTA c
 // the query tiles c, c+4, c+8, ... of every head when G = 132 and there are
 // 128 tiles per head: some CTAs only heavy tiles, others only light ones:
-// 396 TFLOP/s at hdim 128, 16k, causal vs 490 at 8k. Query-tile outer over all
-// heads instead would re-read every head's K/V from HBM once per query tile
-// when the heads do not fit in L2.)
+// 396 TFLOP/s at hdim 128, 16k, causal vs 490 at 8k. Head-major ranks dealt
+// in rounds do not do that: a round takes consecutive ranks.)
 #pragma once
 
 #include <cstdint>
@@ -32,7 +35,8 @@ struct TileOrder {
   int num_tiles;     // num_m_blocks * number of (batch, head) pairs
   int group_heads;   // (batch, head) pairs per L2 group
   int group_extra;   // the first group_extra groups have one pair more
-  int paired;        // 1: causal pairs (see plan_tile_order), 0: the snake
+  int paired;        // 1: causal pairs (see plan_tile_order), 0: single tiles
+  int head_major;    // 1: ranks walk (batch, head) outer, query tile (or pair) inner; no groups
   int num_ranks;     // ranks dealt: num_tiles, or twice the pairs
   int num_rounds;    // rounds of gridDim.x ranks the CTAs walk
 };
@@ -53,39 +57,41 @@ FA_HOST_DEVICE void tile_of_rank(const TileOrder& o, int num_bh, int t, int& bh,
   // Items: query tiles, or pairs of them (query tiles i and num_m_blocks-1-i).
   const int per_head = o.paired ? (o.num_m_blocks + 1) / 2 : o.num_m_blocks;
   const int item = o.paired ? t >> 1 : t;
-  // Groups 0 .. group_extra - 1 have group_heads + 1 pairs, the rest
-  // group_heads (the last one fewer where the partition is not balanced).
-  const int big = (o.group_heads + 1) * per_head;
-  const int split = o.group_extra * big;
-  int r, bh0, n_bh;
-  if (item < split) {
-    const int g = item / big;
-    r = item - g * big;
-    bh0 = g * (o.group_heads + 1);
-    n_bh = o.group_heads + 1;
+  int i;  // the item's index within its head, heaviest first
+  if (o.head_major) {
+    bh = item / per_head;
+    i = item - bh * per_head;
   } else {
-    const int per_group = o.group_heads * per_head;
-    const int g = (item - split) / per_group;
-    r = item - split - g * per_group;
-    bh0 = o.group_extra * (o.group_heads + 1) + g * o.group_heads;
-    n_bh = o.group_heads < num_bh - bh0 ? o.group_heads : num_bh - bh0;
+    // Groups 0 .. group_extra - 1 have group_heads + 1 pairs, the rest
+    // group_heads (the last one fewer where the partition is not balanced).
+    const int big = (o.group_heads + 1) * per_head;
+    const int split = o.group_extra * big;
+    int r, bh0, n_bh;
+    if (item < split) {
+      const int g = item / big;
+      r = item - g * big;
+      bh0 = g * (o.group_heads + 1);
+      n_bh = o.group_heads + 1;
+    } else {
+      const int per_group = o.group_heads * per_head;
+      const int g = (item - split) / per_group;
+      r = item - split - g * per_group;
+      bh0 = o.group_extra * (o.group_heads + 1) + g * o.group_heads;
+      n_bh = o.group_heads < num_bh - bh0 ? o.group_heads : num_bh - bh0;
+    }
+    i = r / n_bh;
+    bh = bh0 + r % n_bh;
   }
-  const int i = r / n_bh;  // heaviest first
-  bh = bh0 + r % n_bh;
   mb = o.num_m_blocks - 1 - i;
   if (o.paired && (t & 1)) mb = i == mb ? -1 : i;
 }
 
 // What shapes the order besides the problem size.
 struct TileOrderPolicy {
-  bool tight_groups;     // unmasked: the smallest group that spans one round
   bool balanced_groups;  // equal groups (+-1) instead of full ones and a remainder
   bool causal_pairs;     // the mask is plain causal (no window), fixed lengths: pair tiles
+  bool head_major;       // unmasked runs and causal pairs: head-major ranks, no groups
 };
-
-// kTightMinHeads: tight groups only where a round spans at least this many
-// heads anyway (see the NOTES in plan_tile_order).
-constexpr int kTightMinHeads = 4;
 
 // grid: CTAs; l2_fit: (batch, head) pairs whose K/V fill half the L2.
 inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double l2_fit, bool masked,
@@ -94,8 +100,19 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   o.num_m_blocks = num_m_blocks;
   o.num_tiles = num_m_blocks * num_bh;
   o.paired = 0;
+  o.head_major = 0;
   o.num_ranks = o.num_tiles;
   o.num_rounds = (o.num_tiles + grid - 1) / grid;
+  // NOTES (head-major): with (batch, head) groups walked query tile outer
+  // (the snake's order), a group spans more than one round, so every head of
+  // it straddles two rounds and its K/V was read from DRAM twice (hdim 256,
+  // 2k: 334 MB read for 192 MB of Q, K, V; head-major 208 MB; cuDNN 201,
+  // ncu). One cold call takes the same cycles either way, but the kernel runs
+  // at the 700 W power cap, and the DRAM traffic it saves goes to the SM
+  // clock: +2-7% at 1k-4k non-causal (d64, d128, d256), +0-2.5% at 8k/16k,
+  // causal pairs +1-6% (H100, bf16, A/B runs of
+  // bench/results/2026-11-24-h100-session9.md). It replaced tight groups (the
+  // smallest group spanning one round, +3-5% at 2k over the L2-sized groups).
   if (policy.causal_pairs && num_m_blocks >= 2) {
     // NOTES (causal pairs): causal query tile i walks i + 1 + c key tiles, so
     // tiles i and num_m_blocks-1-i together cost the same for every i. A CTA
@@ -103,44 +120,36 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
     // work per two rounds is the same, with no snake, no two-round minimum
     // for a group and no heavy tail in the last round (the snake's small last
     // group, and its groups straddling rounds, cost 4-12% at causal 4k-16k:
-    // the balanced-groups NOTES below). Groups: the heads one round of pairs
-    // spans, in equal groups. Measured against the balanced snake (H100,
-    // bf16, bench/results/2026-11-24-h100-session5.md, 5): d128 causal +4-6%
-    // at 1k-16k, d256 8k/16k +7.5%, d64 4k +8%, the rest within +-2%.
+    // the balanced-groups NOTES below). Measured against the balanced snake
+    // (H100, bf16, bench/results/2026-11-24-h100-session5.md, 5): d128 causal
+    // +4-6% at 1k-16k, d256 8k/16k +7.5%, d64 4k +8%, the rest within +-2%.
+    // Without head-major: groups of the heads one round of pairs spans.
     const int per_head = (num_m_blocks + 1) / 2;
     int group = (grid + per_head - 1) / per_head;
     if (group > num_bh) group = num_bh;
     const int n_groups = (num_bh + group - 1) / group;
     o.paired = 1;
-    o.group_heads = num_bh / n_groups;
-    o.group_extra = num_bh % n_groups;
+    o.head_major = policy.head_major ? 1 : 0;
+    o.group_heads = policy.head_major ? num_bh : num_bh / n_groups;
+    o.group_extra = policy.head_major ? 0 : num_bh % n_groups;
     const int pairs = per_head * num_bh;
     o.num_ranks = 2 * pairs;
     o.num_rounds = 2 * ((pairs + grid - 1) / grid);
     return o;
   }
-  // At least two rounds of tiles per group: the snake evens out costs only
-  // where ranks fall in cost across a pair of rounds. (With one head per group
-  // at hdim 256, 16k, causal, a round spanned two groups: 416 TFLOP/s.) What
-  // must stay in L2 is then the band of keys the group's CTAs walk in step.
-  const bool tight = policy.tight_groups && !masked && grid >= kTightMinHeads * num_m_blocks;
-  const int rounds_per_group = tight ? 1 : 2;
-  const int min_group = (rounds_per_group * grid + num_m_blocks - 1) / num_m_blocks;
+  if (policy.head_major && !masked) {
+    o.head_major = 1;
+    o.group_heads = num_bh;
+    o.group_extra = 0;
+    return o;
+  }
+  // The snake. At least two rounds of tiles per group: the snake evens out
+  // costs only where ranks fall in cost across a pair of rounds. (With one
+  // head per group at hdim 256, 16k, causal, a round spanned two groups: 416
+  // TFLOP/s.) What must stay in L2 is then the band of keys the group's CTAs
+  // walk in step.
+  const int min_group = (2 * grid + num_m_blocks - 1) / num_m_blocks;
   int group = l2_fit >= num_bh ? num_bh : static_cast<int>(l2_fit);
-  // NOTES (tight groups, unmasked only): the smallest group that spans one
-  // round (every tile costs the same, so the snake has nothing to even out)
-  // rather than as many heads as half the L2 holds. The CTAs of a round then
-  // share fewer heads, each head's K/V is walked by more CTAs at once, and
-  // fewer loads miss L2 (hdim 128, 2k, non-causal, 25-head groups: 481 MB
-  // read from DRAM vs cuDNN's 201, ncu). Measured (H100, bf16, 5 A/B runs,
-  // bench/results/2026-11-24-h100-session5.md): d128 1k +9%, 2k +3-5%, d64
-  // 2k +3-5%. With a mask the smallest two-round group lost 6-19% at 2k
-  // (d128 / d64 causal): a round then straddles two groups and the snake's
-  // pairing of heavy and light tiles breaks (as in the hdim 256 note above).
-  // Where one round spans fewer than kTightMinHeads heads (8k and up at 128-row
-  // tiles), tight groups measured -4..-7% at 16k (d64, d128, d256) in two runs
-  // and -2..0% in a third: a round's CTAs then all walk one or two heads.
-  if (tight && group > min_group) group = min_group;
   if (group < min_group) group = min_group;
   if (group > num_bh) group = num_bh;
   // NOTES (balanced groups): the pairs are split into as many groups as groups

@@ -44,9 +44,9 @@
 //             (schedule.h's split tail), on the long-key instantiation only:
 //             two more kernels per head dim to compile, so only for the head
 //             dims whose long-key cells were short of their target.
-//   kTightGroups  the tile order's head groups as small as the one round
-//             they must span, without a mask and where a round spans at least
-//             4 heads anyway (schedule.h).
+//   kHeadMajor  unmasked runs and causal pairs take query tiles head by
+//             head (schedule.h), so each head's K/V is read from DRAM about
+//             once.
 // Measured in one process against the kernel before them (bf16, H100, the A/B
 // run of bench/results/2026-11-22-h100-forward-sm90-round2.md; median of 3
 // interleaved timings): kEarlyQ + kOTma (shipped) / before at d128
@@ -55,10 +55,9 @@
 // 1.02/1.03/1.01/1.02, kEarlyQ 0.99/1.00/1.01/0.97 and 1.00/1.02/1.05/1.00
 // (no effect beyond the spread: builds with the same d256 kernel differed by
 // up to 4% in that run; kept because it is part of the build that was tested
-// and timed); kTightGroups 1.03/1.03/0.99/0.98 non-causal, but 0.94 at d128
-// causal 2k and 0.81 at d64 causal 2k: unmasked runs only, and off until that
-// combination has been run on the GPU (session 5: on, unmasked only, where a
-// round spans >= 4 heads; measured in schedule.h's NOTES).
+// and timed); tight groups (since replaced by kHeadMajor) 1.03/1.03/0.99/0.98
+// non-causal, but 0.94 at d128 causal 2k and 0.81 at d64 causal 2k (session 5:
+// on, unmasked only, where a round spans >= 4 heads).
 // The FLASHATTN_SM90_* macros exist only so the benchmark can build the
 // variants that docs/perf-notes.md compares; the defaults are the shipped ones.
 #pragma once
@@ -99,9 +98,6 @@
 #ifndef FLASHATTN_SM90_O_TMA
 #define FLASHATTN_SM90_O_TMA 1
 #endif
-#ifndef FLASHATTN_SM90_TIGHT_GROUPS
-#define FLASHATTN_SM90_TIGHT_GROUPS 1
-#endif
 #ifndef FLASHATTN_SM90_BALANCED_GROUPS
 #define FLASHATTN_SM90_BALANCED_GROUPS 1
 #endif
@@ -110,6 +106,9 @@
 #endif
 #ifndef FLASHATTN_SM90_SPLIT_TAIL
 #define FLASHATTN_SM90_SPLIT_TAIL 1
+#endif
+#ifndef FLASHATTN_SM90_HEAD_MAJOR
+#define FLASHATTN_SM90_HEAD_MAJOR 1
 #endif
 #ifndef FLASHATTN_SM90_EARLY_Q
 #define FLASHATTN_SM90_EARLY_Q 1
@@ -143,11 +142,11 @@ constexpr int consumer_regs(int consumers) {
   return r < 240 ? r : 240;
 }
 
-// The tile order's rules (kBalancedGroups, kCausalPairs, kTightGroups above;
+// The tile order's rules (kBalancedGroups, kCausalPairs, kHeadMajor above;
 // schedule.h): the same for every head dim.
-inline constexpr bool kTightGroups = FLASHATTN_SM90_TIGHT_GROUPS;
 inline constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
 inline constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
+inline constexpr bool kHeadMajor = FLASHATTN_SM90_HEAD_MAJOR;
 
 template <int HeadDim>
 struct ForwardTuning;
