@@ -110,7 +110,7 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   // ncu). One cold call takes the same cycles either way, but the kernel runs
   // at the 700 W power cap, and the DRAM traffic it saves goes to the SM
   // clock: +2-7% at 1k-4k non-causal (d64, d128, d256), +0-2.5% at 8k/16k,
-  // causal pairs +1-6% (H100, bf16, A/B runs of
+  // causal pairs +0-6% (H100, bf16, A/B runs of
   // bench/results/2026-11-24-h100-session9.md). It replaced tight groups (the
   // smallest group spanning one round, +3-5% at 2k over the L2-sized groups).
   if (policy.causal_pairs && num_m_blocks >= 2) {
