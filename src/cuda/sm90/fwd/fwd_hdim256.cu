@@ -5,3 +5,5 @@ namespace flashattn::cuda::sm90 {
 template fa_status launch_forward<256, __half>(const AttentionParams&);
 template fa_status launch_forward<256, __nv_bfloat16>(const AttentionParams&);
 }  // namespace flashattn::cuda::sm90
+
+FLASHATTN_SM90_TRACE_ACCESSOR(256)

@@ -42,6 +42,7 @@
 #include "cuda/sm90/fwd/launch.h"
 #include "cuda/sm90/fwd/schedule.h"
 #include "cuda/sm90/fwd/tma_store.h"
+#include "cuda/sm90/fwd/trace.h"
 #include "cuda/sm90/fwd/tuning.h"
 #include "cuda/sm90/sync.h"
 #include "cuda/sm90/tma.h"
@@ -243,6 +244,27 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
     // l_new = l * exp(m_old - m_new) + rowsum(P); per-thread partial sums, the
     // quad reduction happens once, in the epilogue.
     l[r] = l[r] * corr[r] + total;
+  }
+}
+
+// 4x4 transpose of 32-bit values across the 4 lanes of a quad (t = lane % 4):
+// on entry v[c] is element (t, c), on exit element (c, t). Two butterfly
+// stages: across lane bit 0 the lanes swap the slots whose bit 0 differs from
+// theirs, then the same across bit 1. Every lane of the warp must take part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int lane) {
+#pragma unroll
+  for (int bit = 1; bit <= 2; bit <<= 1) {
+    const bool upper = (lane & bit) != 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (c & bit) continue;  // the pair (c, c | bit)
+      const uint32_t recv = __shfl_xor_sync(0xffffffff, upper ? v[c] : v[c | bit], bit);
+      if (upper) {
+        v[c] = recv;
+      } else {
+        v[c | bit] = recv;
+      }
+    }
   }
 }
 
@@ -485,11 +507,17 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
 
     int qt = 0;  // tiles with loads so far, as the producer counts them
     int it = 0;
+    int traced = 0;  // tiles so far (trace.h)
     for (int step = 0; step < a.num_steps; ++step) {
       TileWork w;
       SplitSegment seg;
       if (!work_at<kBlockM, kBlockN, kSplit>(p, a, step, w, seg)) continue;
       if (!w.valid) continue;
+      const int ti = traced++;
+      auto stamp = [&](TraceEvent e) {
+        if constexpr (!kSplit) trace(ti, cw, tid, e);  // the main kernel's tiles only
+      };
+      stamp(kTraceTileStart);
       const MaskPolicy mask = mask_for(p, w.seq);
       const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
       const int rows_end = min(w.m0 + kBlockM, w.seq.seqlen_q);
@@ -506,6 +534,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
         q_desc = desc_advance(q_desc0, qs * K::kQBytes);
         uint64_t* const q_empty = &empty_q[qs];
         mbar_wait(&full_q[qs], q_phase);
+        stamp(kTraceQReady);
 
         float sc[kBlockN / 2];
         uint32_t pa[kBlockN / 16][4];
@@ -599,6 +628,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           if (kPingPong) named_arrive(other_turn, kTurnThreads);
           wgmma_wait<0>();
           fence_operands(sc);
+          stamp(kTraceFirstS);
           release(&empty_k[s]);
           if (n == w.n_begin) release(q_empty);
           {
@@ -644,6 +674,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           if (kPingPong) named_arrive(other_turn, kTurnThreads);
           wgmma_wait<0>();
           fence_operands(o);
+          stamp(kTraceLoopEnd);
           release(&empty_v[s]);
           ++it;
         } else {
@@ -687,7 +718,6 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       // none at 16k per unit of work) and half-filled 32-byte sectors (8 rows
       // x 16 bytes per warp store). Measured +1-3% at d128 / d64.
       float inv[2];
-      const bool full_dim = p.head_dim == D;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float sum = l[r];
@@ -744,24 +774,38 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
-        if (row >= w.seq.seqlen_q) continue;
+        const bool row_ok = row < w.seq.seqlen_q;
         if (!o_stored) {
-          T* orow = static_cast<T*>(p.out) + row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
-                                                        p.o_row_stride, p.o_head_stride, varlen);
+          // NOTES: the 4 lanes of a quad hold 8 consecutive columns of a row
+          // (2 each); a quad transpose gives each lane all 8 of one group, so
+          // a warp writes 8 rows x 64 bytes per 16-byte store (whole 32-byte
+          // sectors) instead of 8 x 16 per 4-byte store. The trace (trace.h)
+          // had the 4-byte stores' epilogue at 7.4k cycles of a d256 2k tile's
+          // 80k, against 2.0k for d128's through TMA.
+          T* orow = static_cast<T*>(p.out) + (row_ok ? row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
+                                                                  p.o_row_stride, p.o_head_stride, varlen)
+                                                      : 0);
 #pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            // Columns 8i..8i+7 exist when 8i < head_dim (a multiple of 8).
-            if (full_dim || 8 * i < p.head_dim) {
-              *reinterpret_cast<uint32_t*>(orow + 8 * i + 2 * (lane % 4)) =
-                  pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+          for (int b = 0; b < D / 32; ++b) {
+            uint32_t v[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int i = 4 * b + c;
+              v[c] = pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
             }
+            quad_transpose(v, lane);
+            // Columns 8g..8g+7 of group g = 4b + lane % 4 exist when 8g < head_dim (a multiple of 8).
+            const int group = 4 * b + lane % 4;
+            if (row_ok && 8 * group < p.head_dim)
+              *reinterpret_cast<uint4*>(orow + 8 * group) = make_uint4(v[0], v[1], v[2], v[3]);
           }
         }
-        if (p.lse != nullptr && lane % 4 == 0) {
+        if (row_ok && p.lse != nullptr && lane % 4 == 0) {
           p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
               l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
         }
       }
+      stamp(kTraceTileEnd);
     }
     // Balance the ping-pong: the last warpgroup's final hand-over to warpgroup
     // 0 is consumed here, so no arrival is left pending on a hardware barrier.

@@ -1,0 +1,91 @@
+"""Where a Hopper forward tile's cycles go: the per-tile timeline of trace.h.
+
+Needs a library built with -DFLASHATTN_SM90_TRACE=1, e.g.
+  bash scripts/build_sm90_fwd_variant.sh build /tmp/var/trace "-DFLASHATTN_SM90_TRACE=1"
+Runs the protocol's shape (16384 tokens, hidden 2048, bf16) `--iters` times back to
+back and reads the stamps of the last launch: for each CTA's tiles after its first,
+per consumer warpgroup, the cycles (its SM's clock64) spent
+  q_wait    tile known -> its Q landed
+  first_s   Q landed -> the first key tile's S = Q K^T done (ping-pong turn included)
+  loop      -> the last P V done
+  epilogue  -> O and the logsumexp stored
+  next      -> the next tile known (its tile-order lookup)
+and compares the tile with the steady-state cost of its key tiles (loop / (key tiles - 1)),
+giving the cycles a tile boundary costs.
+
+Usage: FLASHATTN_LIBRARY=/tmp/var/trace/libflashattn.so PYTHONPATH=python \\
+       python3 bench/trace_sm90_fwd.py --hdim 128 --seqlen 2048 [--causal]
+"""
+
+import argparse
+import ctypes
+import statistics
+
+import numpy as np
+import torch
+
+from flashattn import _capi
+
+TOKENS, HIDDEN = 16384, 2048
+CTAS, TILES, WGS, EVENTS = 132, 32, 2, 5  # trace.h
+KEY_TILE = {128: 128, 256: 80}  # tuning.h's kBlockN below 8192 keys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hdim", type=int, choices=sorted(KEY_TILE), default=128)
+    ap.add_argument("--seqlen", type=int, default=2048)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    assert args.seqlen < 8192, "wider key tiles and the split tail from 8192 keys: not modelled here"
+    d, s = args.hdim, args.seqlen
+    b, h = TOKENS // s, HIDDEN // d
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn((b, s, h, d), device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+    for _ in range(args.iters):
+        _capi.forward(q, k, v, out, lse, causal=args.causal)
+    torch.cuda.synchronize()
+    lib = _capi.library()
+    fn = getattr(lib, f"flashattn_sm90_fwd_trace_{d}")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    stamps = np.zeros((CTAS, TILES, WGS, EVENTS), dtype=np.uint64)
+    rc = fn(stamps.ctypes.data, stamps.nbytes)
+    assert rc == 0, f"trace accessor failed ({rc}): built without FLASHATTN_SM90_TRACE=1?"
+    t = stamps.astype(np.int64)
+    key_tiles = -(-s // KEY_TILE[d])
+    rows = {name: [] for name in ("q_wait", "first_s", "loop", "epilogue", "next", "tile", "per_key_tile",
+                                  "boundary")}
+    for cta in range(CTAS):
+        for tile in range(1, TILES - 1):  # the first tile includes the CTA's start
+            cur, nxt = t[cta, tile], t[cta, tile + 1]
+            if cur[0, 0] == 0 or nxt[0, 0] == 0 or cur[0, 0] > nxt[0, 0]:
+                continue  # not reached in the last launch (or a stale stamp from an earlier one)
+            for wg in range(WGS):
+                e = cur[wg]
+                rows["q_wait"].append(e[1] - e[0])
+                rows["first_s"].append(e[2] - e[1])
+                rows["loop"].append(e[3] - e[2])
+                rows["epilogue"].append(e[4] - e[3])
+                rows["next"].append(nxt[wg, 0] - e[4])
+                tile_cycles = nxt[wg, 0] - e[0]
+                rows["tile"].append(tile_cycles)
+                if not args.causal and key_tiles > 1:
+                    per = (e[3] - e[2]) / (key_tiles - 1)
+                    rows["per_key_tile"].append(per)
+                    rows["boundary"].append(tile_cycles - key_tiles * per)
+    print(f"hdim {d} seqlen {s} batch {b} heads {h} {'causal' if args.causal else 'non-causal'}: "
+          f"{len(rows['tile'])} tile samples, {key_tiles} key tiles per tile")
+    print("| part | median cycles | p10 | p90 |")
+    print("|---|---|---|---|")
+    for name, vals in rows.items():
+        if vals:
+            a = np.array(vals, dtype=np.float64)
+            print(f"| {name} | {statistics.median(vals):.0f} | {np.percentile(a, 10):.0f} | "
+                  f"{np.percentile(a, 90):.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+// Per-tile timeline of the Hopper forward's consumers, for finding where the
+// cycles between key tiles go (docs/perf-notes.md). Compiled in only with
+// -DFLASHATTN_SM90_TRACE=1 (scripts/build_sm90_fwd_variant.sh); otherwise the
+// hooks are empty. Thread 0 of each consumer warpgroup stamps clock64() at
+// the events below for the first kTraceTiles tiles of each CTA (the CTA's
+// own SM clock: compare stamps within a CTA only); the host reads them with
+// flashattn_sm90_fwd_trace_<D>() (bench/trace_sm90_fwd.py).
+#pragma once
+
+#include <cstdint>
+
+#ifndef FLASHATTN_SM90_TRACE
+#define FLASHATTN_SM90_TRACE 0
+#endif
+
+namespace flashattn::cuda::sm90 {
+
+enum TraceEvent : int {
+  kTraceTileStart,  // tile known (work_at), before waiting for its Q
+  kTraceQReady,     // Q landed
+  kTraceFirstS,     // the first key tile's S = Q K^T completed (prologue)
+  kTraceLoopEnd,    // the last P V completed
+  kTraceTileEnd,    // O and the logsumexp stored (issued)
+  kTraceEvents
+};
+inline constexpr int kTraceCtas = 132, kTraceTiles = 32, kTraceWarpgroups = 2;
+
+#if FLASHATTN_SM90_TRACE
+// One array per translation unit (per head dim), [cta][tile][warpgroup][event].
+static __device__ unsigned long long g_trace[kTraceCtas][kTraceTiles][kTraceWarpgroups][kTraceEvents];
+
+__device__ __forceinline__ void trace(int tile, int wg, int tid, TraceEvent e) {
+  if (tid == 0 && blockIdx.x < kTraceCtas && tile < kTraceTiles && wg < kTraceWarpgroups)
+    g_trace[blockIdx.x][tile][wg][e] = clock64();
+}
+// Defines the host accessor of this translation unit's stamps.
+#define FLASHATTN_SM90_TRACE_ACCESSOR(D)                                                      \
+  extern "C" int flashattn_sm90_fwd_trace_##D(void* host, size_t bytes) {                     \
+    if (bytes < sizeof(flashattn::cuda::sm90::g_trace)) return -1;                            \
+    return static_cast<int>(cudaMemcpyFromSymbol(host, flashattn::cuda::sm90::g_trace,        \
+                                                 sizeof(flashattn::cuda::sm90::g_trace)));    \
+  }
+#else
+__device__ __forceinline__ void trace(int, int, int, TraceEvent) {}
+#define FLASHATTN_SM90_TRACE_ACCESSOR(D)
+#endif
+
+}  // namespace flashattn::cuda::sm90
