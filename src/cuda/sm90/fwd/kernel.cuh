@@ -712,11 +712,11 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       // sequence's rows), O goes to shared memory in the 128B-swizzled layout
       // of the O tensor map and one thread stores it with TMA, which clips rows
       // past seqlen_q and columns past head_dim; otherwise straight from
-      // registers, 4 bytes per thread and column pair. Why: ncu of the
-      // register stores at d128 2k showed the consumer warps stalled on them
-      // (long scoreboard on the branch after the stores, ~1.5% of samples,
-      // none at 16k per unit of work) and half-filled 32-byte sectors (8 rows
-      // x 16 bytes per warp store). Measured +1-3% at d128 / d64.
+      // registers (16 bytes per lane after a quad transpose, below). Why TMA
+      // where it fits: ncu of the earlier 4-byte register stores at d128 2k
+      // showed the consumer warps stalled on them (long scoreboard on the
+      // branch after the stores, ~1.5% of samples, none at 16k per unit of
+      // work) and half-filled 32-byte sectors. Measured +1-3% at d128 / d64.
       float inv[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
