@@ -4,7 +4,9 @@
 // hooks are empty. Thread 0 of each consumer warpgroup stamps clock64() at
 // the events below for the first kTraceTiles tiles of each CTA (the CTA's
 // own SM clock: compare stamps within a CTA only); the host reads them with
-// flashattn_sm90_fwd_trace_<D>() (bench/trace_sm90_fwd.py).
+// flashattn_sm90_fwd_trace_<D>() (bench/trace_sm90_fwd.py; head dims 128 and
+// 256). The first-S and loop-end stamps are in the intra-warpgroup-overlap
+// path only (the shipped one, tuning.h's kIntraWgOverlap).
 #pragma once
 
 #include <cstdint>
