@@ -12,6 +12,16 @@ per consumer warpgroup, the cycles (its SM's clock64) spent
   next      -> the next tile known (its tile-order lookup)
 and compares the tile with the steady-state cost of its key tiles (loop / (key tiles - 1)),
 giving the cycles a tile boundary costs.
+With --steps, also the steady state of one tile per CTA (trace.h's kTraceStepTile):
+per key tile of the overlapped loop and consumer warpgroup, the median cycles of
+  load      loop top -> this S's K and the previous P V's V landed
+  turn      -> the ping-pong turn acquired
+  issue     -> S = Q K^T and P V issued, turn handed over
+  s_wait    -> S completed
+  softmax   -> online softmax done
+  pv_wait   -> P V completed
+  tail      -> the next loop top (rescale O, convert P)
+and the period (loop top to loop top).
 
 Usage: FLASHATTN_LIBRARY=/tmp/var/trace/libflashattn.so PYTHONPATH=python \\
        python3 bench/trace_sm90_fwd.py --hdim 128 --seqlen 2048 [--causal]
@@ -28,6 +38,8 @@ from flashattn import _capi
 
 TOKENS, HIDDEN = 16384, 2048
 CTAS, TILES, WGS, EVENTS = 132, 32, 2, 5  # trace.h
+STEPS, STEP_EVENTS = 32, 7  # trace.h's kTraceSteps, kStepEvents
+STEP_PARTS = ("load", "turn", "issue", "s_wait", "softmax", "pv_wait")
 KEY_TILE = {128: 128, 256: 80}  # tuning.h's kBlockN below 8192 keys
 
 
@@ -37,6 +49,7 @@ def main():
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--steps", action="store_true", help="also the per-key-tile steady state")
     args = ap.parse_args()
     assert args.seqlen < 8192, "wider key tiles and the split tail from 8192 keys: not modelled here"
     d, s = args.hdim, args.seqlen
@@ -85,6 +98,37 @@ def main():
             a = np.array(vals, dtype=np.float64)
             print(f"| {name} | {statistics.median(vals):.0f} | {np.percentile(a, 10):.0f} | "
                   f"{np.percentile(a, 90):.0f} |")
+    if args.steps:
+        print_steps(lib, d, key_tiles)
+
+
+def print_steps(lib, d, key_tiles):
+    fn = getattr(lib, f"flashattn_sm90_fwd_steps_{d}")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    st = np.zeros((CTAS, WGS, STEPS, STEP_EVENTS), dtype=np.uint64)
+    assert fn(st.ctypes.data, st.nbytes) == 0
+    t = st.astype(np.int64)
+    n = min(key_tiles - 1, STEPS)  # loop iterations: every key tile but the first
+    print(f"\nsteady state ({n} loop iterations), median over CTAs of cycles:")
+    print("| wg | j | " + " | ".join(STEP_PARTS) + " | tail | period |")
+    print("|---" * (len(STEP_PARTS) + 4) + "|")
+    for wg in range(WGS):
+        for j in range(n):
+            e = t[:, wg, j, :]
+            ok = e[:, 0] > 0
+            parts = [np.median((e[ok, i + 1] - e[ok, i])) for i in range(len(STEP_PARTS))]
+            nxt = t[:, wg, j + 1, 0] if j + 1 < n else None
+            tail = period = float("nan")
+            if nxt is not None:
+                ok2 = ok & (nxt > 0)
+                tail = np.median(nxt[ok2] - e[ok2, 6])
+                period = np.median(nxt[ok2] - e[ok2, 0])
+            print(f"| {wg} | {j} | " + " | ".join(f"{x:.0f}" for x in parts) + f" | {tail:.0f} | {period:.0f} |")
+    # The other warpgroup's view: warpgroup 1's turn acquired vs warpgroup 0's issue of the same key tile.
+    lag = [np.median(t[:, 1, j, 2] - t[:, 0, j, 3]) for j in range(n)]
+    print("wg1 turn - wg0 issued, per j:", " ".join(f"{x:.0f}" for x in lag))
+    lag = [np.median(t[:, 0, j + 1, 2] - t[:, 1, j, 3]) for j in range(n - 1)]
+    print("wg0 next turn - wg1 issued, per j:", " ".join(f"{x:.0f}" for x in lag))
 
 
 if __name__ == "__main__":

@@ -517,6 +517,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       auto stamp = [&](TraceEvent e) {
         if constexpr (!kSplit) trace(ti, cw, tid, e);  // the main kernel's tiles only
       };
+      auto stamp_step = [&](int j, TraceStep e) {
+        if constexpr (!kSplit) trace_step(ti, cw, tid, j, e);
+      };
       stamp(kTraceTileStart);
       const MaskPolicy mask = mask_for(p, w.seq);
       const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
@@ -631,14 +634,14 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           stamp(kTraceFirstS);
           release(&empty_k[s]);
           if (n == w.n_begin) release(q_empty);
-          {
-            float corr[2];
-            softmax(n, corr);
-          }
+          float corr[2];
+          softmax(n, corr);
           convert_p();
           // Steady state: S(n) runs on the tensor cores with P(n+1) V(n+1)
           // while the previous wait/softmax finishes; softmax(n) overlaps P V.
           for (--n; n >= w.n_begin; --n) {
+            const int j = w.n_end - 2 - n;  // key tiles done so far, for the trace
+            stamp_step(j, kStepTop);
             const int s_prev = s;
             const uint32_t ph_prev = ph;
             ++it;
@@ -646,23 +649,34 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             ph = (it / kStages) & 1;
             mbar_wait(&full_k[s], ph);
             mbar_wait(&full_v[s_prev], ph_prev);
+            stamp_step(j, kStepLoaded);
             if (kPingPong) named_sync(my_turn, kTurnThreads);
+            stamp_step(j, kStepTurn);
             fence_operands(o);
             fence_operands(pa);
             issue_s(s);
+            if constexpr (kRescaleInTurn) {
+              // O *= exp(m_old - m_new) of the last softmax, while S runs and
+              // before the P V that adds to O (tuning.h, kRescaleInTurn).
+              rescale_o(corr);
+              fence_operands(o);
+            }
             issue_pv(s_prev);
             if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            stamp_step(j, kStepIssued);
             wgmma_wait<1>();
             fence_operands(sc);
+            stamp_step(j, kStepSReady);
             release(&empty_k[s]);
             if (n == w.n_begin) release(q_empty);
-            float corr[2];
             softmax(n, corr);
+            stamp_step(j, kStepSoftmax);
             wgmma_wait<0>();
             fence_operands(o);
             fence_operands(pa);
+            stamp_step(j, kStepPvReady);
             release(&empty_v[s_prev]);
-            rescale_o(corr);
+            if constexpr (!kRescaleInTurn) rescale_o(corr);
             convert_p();
           }
           // Last P V.
@@ -670,6 +684,10 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           if (kPingPong) named_sync(my_turn, kTurnThreads);
           fence_operands(o);
           fence_operands(pa);
+          if constexpr (kRescaleInTurn) {
+            rescale_o(corr);
+            fence_operands(o);
+          }
           issue_pv(s);
           if (kPingPong) named_arrive(other_turn, kTurnThreads);
           wgmma_wait<0>();

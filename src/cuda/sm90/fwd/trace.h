@@ -27,6 +27,20 @@ enum TraceEvent : int {
 };
 inline constexpr int kTraceCtas = 132, kTraceTiles = 32, kTraceWarpgroups = 2;
 
+// The steady state: for one tile per CTA (kTraceStepTile, the CTA's fourth),
+// stamps at each key tile of the overlapped loop (kernel.cuh), in order.
+enum TraceStep : int {
+  kStepTop,       // loop top: this key tile's K and the previous one's V requested
+  kStepLoaded,    // both landed (full barriers)
+  kStepTurn,      // ping-pong turn acquired
+  kStepIssued,    // S = Q K^T and P V issued, turn handed over
+  kStepSReady,    // S completed (wgmma wait 1)
+  kStepSoftmax,   // online softmax done
+  kStepPvReady,   // P V completed (wgmma wait 0)
+  kStepEvents
+};
+inline constexpr int kTraceStepTile = 3, kTraceSteps = 32;
+
 #if FLASHATTN_SM90_TRACE
 // One array per translation unit (per head dim), [cta][tile][warpgroup][event].
 static __device__ unsigned long long g_trace[kTraceCtas][kTraceTiles][kTraceWarpgroups][kTraceEvents];
@@ -35,15 +49,28 @@ __device__ __forceinline__ void trace(int tile, int wg, int tid, TraceEvent e) {
   if (tid == 0 && blockIdx.x < kTraceCtas && tile < kTraceTiles && wg < kTraceWarpgroups)
     g_trace[blockIdx.x][tile][wg][e] = clock64();
 }
+static __device__ unsigned long long g_steps[kTraceCtas][kTraceWarpgroups][kTraceSteps][kStepEvents];
+
+__device__ __forceinline__ void trace_step(int tile, int wg, int tid, int step, TraceStep e) {
+  if (tid == 0 && tile == kTraceStepTile && blockIdx.x < kTraceCtas && wg < kTraceWarpgroups &&
+      step < kTraceSteps)
+    g_steps[blockIdx.x][wg][step][e] = clock64();
+}
 // Defines the host accessor of this translation unit's stamps.
 #define FLASHATTN_SM90_TRACE_ACCESSOR(D)                                                      \
   extern "C" int flashattn_sm90_fwd_trace_##D(void* host, size_t bytes) {                     \
     if (bytes < sizeof(flashattn::cuda::sm90::g_trace)) return -1;                            \
     return static_cast<int>(cudaMemcpyFromSymbol(host, flashattn::cuda::sm90::g_trace,        \
                                                  sizeof(flashattn::cuda::sm90::g_trace)));    \
+  }                                                                                           \
+  extern "C" int flashattn_sm90_fwd_steps_##D(void* host, size_t bytes) {                     \
+    if (bytes < sizeof(flashattn::cuda::sm90::g_steps)) return -1;                            \
+    return static_cast<int>(cudaMemcpyFromSymbol(host, flashattn::cuda::sm90::g_steps,        \
+                                                 sizeof(flashattn::cuda::sm90::g_steps)));    \
   }
 #else
 __device__ __forceinline__ void trace(int, int, int, TraceEvent) {}
+__device__ __forceinline__ void trace_step(int, int, int, int, TraceStep) {}
 #define FLASHATTN_SM90_TRACE_ACCESSOR(D)
 #endif
 

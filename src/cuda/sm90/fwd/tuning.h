@@ -28,6 +28,9 @@
 //   kPingPong  the two consumer warpgroups take turns issuing their GEMMs
 //             (named barriers), so one warpgroup's softmax overlaps the other's
 //             GEMMs (FA3's inter-warpgroup ping-pong).
+//   kRescaleInTurn  O *= exp(m_old - m_new) runs inside the turn, between
+//             issuing S = Q K^T and O += P V (which needs it), instead of after
+//             the softmax (the same for every head dim; NOTES below).
 //   kEarlyQ   with two Q buffers, the producer requests the next tile's Q
 //             after the current tile's first kStages - 1 K/V tiles instead
 //             of after all of them (kernel.cuh says why that never waits).
@@ -110,6 +113,9 @@
 #ifndef FLASHATTN_SM90_HEAD_MAJOR
 #define FLASHATTN_SM90_HEAD_MAJOR 1
 #endif
+#ifndef FLASHATTN_SM90_RESCALE_IN_TURN
+#define FLASHATTN_SM90_RESCALE_IN_TURN 1
+#endif
 #ifndef FLASHATTN_SM90_EARLY_Q
 #define FLASHATTN_SM90_EARLY_Q 1
 #endif
@@ -147,6 +153,18 @@ constexpr int consumer_regs(int consumers) {
 inline constexpr bool kBalancedGroups = FLASHATTN_SM90_BALANCED_GROUPS;
 inline constexpr bool kCausalPairs = FLASHATTN_SM90_CAUSAL_PAIRS;
 inline constexpr bool kHeadMajor = FLASHATTN_SM90_HEAD_MAJOR;
+
+// NOTES (kRescaleInTurn, session 11): the steady-state trace (trace.h's step
+// stamps, d128 2k) has each warpgroup's issue of its 16 wgmmas take ~700
+// cycles after it gets the turn (the tensor pipe's queue is full, the warp
+// waits at the HGMMA), while the chain from its S done through the softmax to
+// its next turn is what sets the key tile's period. The 64 FMULs of the O
+// rescale sat on that chain; between the S and P V issues they run while the
+// warp would wait on the queue anyway. A/B in one process (bench/sm90_fwd_ab.py,
+// two runs of 3 and 5 rounds, bench/results/2026-11-24-h100-session11.md):
+// 16k +3.6..+7.5% at d128, +4.2..+5.9% d256, +3.6..+4.3% d64 (causal 16k
+// +1..+5.5%); 2k-4k within the spread, 0.97..1.05. Same for every head dim.
+inline constexpr bool kRescaleInTurn = FLASHATTN_SM90_RESCALE_IN_TURN;
 
 template <int HeadDim>
 struct ForwardTuning;
