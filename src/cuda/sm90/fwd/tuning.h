@@ -162,7 +162,7 @@ inline constexpr bool kHeadMajor = FLASHATTN_SM90_HEAD_MAJOR;
 // rescale sat on that chain; between the S and P V issues they run while the
 // warp would wait on the queue anyway. A/B in one process (bench/sm90_fwd_ab.py,
 // two runs of 3 and 5 rounds, bench/results/2026-11-24-h100-session11.md):
-// 16k +3.6..+7.5% at d128, +4.2..+5.9% d256, +3.6..+4.3% d64 (causal 16k
+// 16k +3.8..+7.5% at d128, +4.2..+5.9% d256, +3.6..+4.3% d64 (causal 16k
 // +1..+5.5%); 2k-4k within the spread, 0.97..1.05. Same for every head dim.
 inline constexpr bool kRescaleInTurn = FLASHATTN_SM90_RESCALE_IN_TURN;
 
