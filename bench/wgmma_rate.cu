@@ -30,6 +30,7 @@ constexpr int kQBytes = 128 * kD * 2;                  // two warpgroups' 64 row
 constexpr int kKVBytes = kN * kD * 2;
 constexpr int kSmem = kQBytes + 2 * kKVBytes + 1024;  // Q, K, V (+ alignment)
 constexpr int kIters = 4096;
+constexpr int kMaxWarpgroups = 2;  // warpgroups of 128 threads per CTA at most
 
 enum Mode { kS = 1, kPV = 2 };
 
@@ -37,7 +38,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__global__ void __launch_bounds__(256, 1) rate_kernel(int mode, int wgs, long long* cycles, float* sink) {
+__global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) rate_kernel(int mode, int wgs, long long* cycles, float* sink) {
   extern __shared__ uint8_t raw[];
   uint8_t* smem = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
   // Small nonzero operands (zeros could let the datapath idle and flatter the rate).
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int mode, int wgs, long lo
   for (int i = 0; i < kN / 2; ++i) acc += s[i];
   for (int i = 0; i < kD / 2; ++i) acc += o[i];
   sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
-  if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + wg] = t1 - t0;
+  if (threadIdx.x % 128 == 0) cycles[blockIdx.x * kMaxWarpgroups + wg] = t1 - t0;
 }
 
 int main() {
@@ -88,26 +89,26 @@ int main() {
   cudaFuncSetAttribute(rate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   long long* d_cycles;
   float* d_sink;
-  cudaMalloc(&d_cycles, sms * 3 * sizeof(long long));
-  cudaMalloc(&d_sink, sms * 256 * sizeof(float));
+  cudaMalloc(&d_cycles, sms * kMaxWarpgroups * sizeof(long long));
+  cudaMalloc(&d_sink, sms * 128 * kMaxWarpgroups * sizeof(float));
   std::printf("| mode | warpgroups | wgmmas per batch | cycles per wgmma per SM (median) | flop/clk/SM | of 4096 |\n");
   std::printf("|---|---|---|---|---|---|\n");
   const char* names[] = {"", "s", "pv", "s+pv"};
   for (int mode = kS; mode <= (kS | kPV); ++mode) {
-    for (int wgs = 1; wgs <= 2; ++wgs) {
+    for (int wgs = 1; wgs <= kMaxWarpgroups; ++wgs) {
       for (int rep = 0; rep < 2; ++rep)  // the first launch warms up
-        rate_kernel<<<sms, 256, kSmem>>>(mode, wgs, d_cycles, d_sink);
+        rate_kernel<<<sms, 128 * kMaxWarpgroups, kSmem>>>(mode, wgs, d_cycles, d_sink);
       if (cudaDeviceSynchronize() != cudaSuccess) {
         std::printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
       }
-      std::vector<long long> c(sms * 3);
+      std::vector<long long> c(sms * kMaxWarpgroups);
       cudaMemcpy(c.data(), d_cycles, c.size() * sizeof(long long), cudaMemcpyDeviceToHost);
       std::vector<double> per;
       const int batch = (mode == (kS | kPV) ? 16 : 8);
       for (int b = 0; b < sms; ++b) {
         long long longest = 0;
-        for (int w = 0; w < wgs; ++w) longest = std::max(longest, c[b * 3 + w]);
+        for (int w = 0; w < wgs; ++w) longest = std::max(longest, c[b * kMaxWarpgroups + w]);
         per.push_back(static_cast<double>(longest) / (static_cast<double>(kIters) * batch * wgs));
       }
       std::sort(per.begin(), per.end());

@@ -606,6 +606,14 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             o[4 * i + 3] *= corr[1];
           }
         };
+        // O *= exp(m_old - m_new) of the last softmax inside the turn, while S
+        // runs and before the P V that adds to O (tuning.h, kRescaleInTurn).
+        auto rescale_in_turn = [&](const float (&corr)[2]) {
+          if constexpr (kRescaleInTurn) {
+            rescale_o(corr);
+            fence_operands(o);
+          }
+        };
         auto convert_p = [&]() {
 #pragma unroll
           for (int kt = 0; kt < kBlockN / 16; ++kt) {
@@ -655,12 +663,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             fence_operands(o);
             fence_operands(pa);
             issue_s(s);
-            if constexpr (kRescaleInTurn) {
-              // O *= exp(m_old - m_new) of the last softmax, while S runs and
-              // before the P V that adds to O (tuning.h, kRescaleInTurn).
-              rescale_o(corr);
-              fence_operands(o);
-            }
+            rescale_in_turn(corr);
             issue_pv(s_prev);
             if (kPingPong) named_arrive(other_turn, kTurnThreads);
             stamp_step(j, kStepIssued);
@@ -684,10 +687,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           if (kPingPong) named_sync(my_turn, kTurnThreads);
           fence_operands(o);
           fence_operands(pa);
-          if constexpr (kRescaleInTurn) {
-            rescale_o(corr);
-            fence_operands(o);
-          }
+          rescale_in_turn(corr);
           issue_pv(s);
           if (kPingPong) named_arrive(other_turn, kTurnThreads);
           wgmma_wait<0>();

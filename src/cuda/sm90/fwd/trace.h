@@ -56,17 +56,19 @@ __device__ __forceinline__ void trace_step(int tile, int wg, int tid, int step, 
       step < kTraceSteps)
     g_steps[blockIdx.x][wg][step][e] = clock64();
 }
-// Defines the host accessor of this translation unit's stamps.
-#define FLASHATTN_SM90_TRACE_ACCESSOR(D)                                                      \
-  extern "C" int flashattn_sm90_fwd_trace_##D(void* host, size_t bytes) {                     \
-    if (bytes < sizeof(flashattn::cuda::sm90::g_trace)) return -1;                            \
-    return static_cast<int>(cudaMemcpyFromSymbol(host, flashattn::cuda::sm90::g_trace,        \
-                                                 sizeof(flashattn::cuda::sm90::g_trace)));    \
-  }                                                                                           \
-  extern "C" int flashattn_sm90_fwd_steps_##D(void* host, size_t bytes) {                     \
-    if (bytes < sizeof(flashattn::cuda::sm90::g_steps)) return -1;                            \
-    return static_cast<int>(cudaMemcpyFromSymbol(host, flashattn::cuda::sm90::g_steps,        \
-                                                 sizeof(flashattn::cuda::sm90::g_steps)));    \
+// Copies one stamp array to the host: 0, -1 if `bytes` is too small, else the cudaError_t.
+template <typename Stamps>
+int copy_stamps(void* host, size_t bytes, const Stamps& stamps) {
+  if (bytes < sizeof(stamps)) return -1;
+  return static_cast<int>(cudaMemcpyFromSymbol(host, stamps, sizeof(stamps)));
+}
+// Defines the host accessors of this translation unit's stamps.
+#define FLASHATTN_SM90_TRACE_ACCESSOR(D)                                             \
+  extern "C" int flashattn_sm90_fwd_trace_##D(void* host, size_t bytes) {            \
+    return flashattn::cuda::sm90::copy_stamps(host, bytes, flashattn::cuda::sm90::g_trace); \
+  }                                                                                  \
+  extern "C" int flashattn_sm90_fwd_steps_##D(void* host, size_t bytes) {            \
+    return flashattn::cuda::sm90::copy_stamps(host, bytes, flashattn::cuda::sm90::g_steps); \
   }
 #else
 __device__ __forceinline__ void trace(int, int, int, TraceEvent) {}
