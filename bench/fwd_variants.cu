@@ -27,6 +27,7 @@ struct Shape {
   static constexpr bool kOverlapQK = Overlap;
   static constexpr bool kFastWholeTiles = FastWhole;
   static constexpr int kMinBlocksPerSm = MinB;
+  static constexpr bool kPairSplit = false;
 };
 
 __global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed) {

@@ -107,6 +107,32 @@ std::vector<Case> extra_cases() {
 INSTANTIATE_TEST_SUITE_P(Extra, CudaForward, ::testing::ValuesIn(extra_cases()),
                          [](const auto& info) { return info.param.name(); });
 
+// The plain warp layout that GPUs with 99 KB of shared memory per CTA (sm_86,
+// sm_89) run at head dim 256 instead of the pair split, forced on this GPU.
+TEST(CudaForwardWithoutPairSplit, MatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  ASSERT_EQ(setenv("FLASHATTN_FWD_NO_PAIR_SPLIT", "1", 1), 0);
+  uint64_t seed = 3000;
+  for (fa_dtype dt : {FA_BF16, FA_F16}) {
+    for (int d : {200, 256}) {
+      Case c = make_case(dt, 203, 333, d, seed++);
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      for (int variant = 0; variant < 3; ++variant) {
+        c.causal = variant == 1;
+        c.window_left = variant == 2 ? 70 : -1;
+        c.window_right = variant == 2 ? 5 : -1;
+        const Problem p = make_problem(c);
+        ForwardRun r;
+        ASSERT_TRUE(run_cuda_forward(p, true, r));
+        SCOPED_TRACE(c.name());
+        expect_forward_matches_reference(p, r);
+      }
+    }
+  }
+  unsetenv("FLASHATTN_FWD_NO_PAIR_SPLIT");
+}
+
 // ---------------------------------------------------------------------------
 // A tensor over 2^31 elements: q and out of (batch 4, 270000 rows, 16 heads,
 // head dim 128) = 2.2e9 elements each, k/v short (64 keys) so the run is cheap.

@@ -1,7 +1,9 @@
 // FlashAttention-2 forward on sm_80+ tensor cores (mma.sync m16n8k16).
 //
 // One CTA owns kBlockM query rows of one (sequence, head); each warp owns
-// kBlockM / kWarps of them. The CTA walks the K/V tiles its rows can see
+// kBlockM / kWarps of them (with kPairSplit, two warps share 2 * kBlockM /
+// kWarps rows: S of half the keys and O of half the head dim each, P and the
+// row maxima crossing through shared memory). The CTA walks the K/V tiles its rows can see
 // (MaskPolicy::key_begin/key_end), through kStages shared-memory slots filled
 // by cp.async (see the pipeline note in the kernel):
 //   S = Q K_j^T; mask and softcap (boundary tiles only); online softmax in
@@ -13,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -112,6 +115,11 @@ struct TileCopy {
   }
 };
 
+// Named barrier 1 + pair for the two warps of a pair (pair split).
+__device__ __forceinline__ void pair_sync(int pair) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
+}
+
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
 // tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);
 // bench/fwd_variants.cu instantiates others to compare shapes in one process.
@@ -120,13 +128,19 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
   constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kThreads = Cfg::kWarps * 32;
-  constexpr int kWarpRows = kM / Cfg::kWarps;
-  constexpr int kMT = kWarpRows / 16;  // m16 tiles per warp
-  constexpr int kNT = kN / 8;          // n8 tiles of S
-  constexpr int kDT = kD / 8;          // n8 tiles of O
-  constexpr int kKQ = kD / 16;         // k16 steps of Q K^T
-  constexpr int kKP = kN / 16;         // k16 steps of P V
+  // kPairSplit (tuning.h): two warps share a row block, each holding S for
+  // half the keys and O for half the head dim.
+  using Pair = PairSplit<Cfg>;
+  constexpr int kSplit = Pair::kWarpsPerRows;
+  constexpr int kWarpRows = Pair::kWarpRows;
+  constexpr int kWarpKeys = kN / kSplit;  // columns of S in this warp
+  constexpr int kMT = kWarpRows / 16;     // m16 tiles per warp
+  constexpr int kNT = kWarpKeys / 8;      // n8 tiles of S
+  constexpr int kDT = kD / kSplit / 8;    // n8 tiles of O
+  constexpr int kKQ = kD / 16;            // k16 steps of Q K^T
+  constexpr int kKP = kWarpKeys / 16;     // k16 steps of P V per warp's P
   static_assert(kWarpRows % 16 == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
+  static_assert(!(Cfg::kPairSplit && (Cfg::kOverlapQK || Cfg::kQInRegs)), "pair split: plain loop only");
   using QTile = SwizzledTile<kM, kD>;
   using KVTile = SwizzledTile<kN, kD>;
   using Mma = MmaType<T>;
@@ -136,6 +150,9 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   const uint32_t sKV = sQ + QTile::kBytes;  // slot s: K at 2s, V at 2s+1 tiles
   auto sK = [&](int slot) { return sKV + (2 * slot) * KVTile::kBytes; };
   auto sV = [&](int slot) { return sKV + (2 * slot + 1) * KVTile::kBytes; };
+  // Pair split only: each warp's P and row maxima (or sums), after the K/V slots.
+  const uint32_t sP = sKV + 2 * kStages * KVTile::kBytes;
+  float* const s_rows = reinterpret_cast<float*>(smem + (sP - sQ) + Cfg::kWarps * Pair::kPBytes);
 
   // NOTES: blocks of one (sequence, head) are adjacent in launch order so they
   // share K/V in L2; inside it the last query block goes first, since with a
@@ -165,7 +182,9 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int warp_row = warp * kWarpRows;  // first row of this warp in the tile
+  const int half = warp % kSplit;              // which half of the keys / head dim (pair split)
+  const int warp_row = warp / kSplit * kWarpRows;  // first row of this warp in the tile
+  const int key_off = half * kWarpKeys;        // first key column of this warp's S
   const int d_valid = p.head_dim;         // columns past it are zero-filled
 
   const TileCopy<QTile, kThreads> q_copy(tid);
@@ -221,8 +240,20 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   // the Q pattern for K the pairs came out as (r0, r2), (r1, r3), and ptxas
   // spent ~1.3 MOVs per mma re-pairing them (and registers to hold the copies).
   const auto frag_lane = QTile::lane(lane & 15, lane >> 4);
-  const auto k_lane = KVTile::lane((lane & 7) | ((lane >> 4) << 3), (lane >> 3) & 1);
   static_assert(QTile::kAtom == KVTile::kAtom, "Q and K/V tiles share the swizzle");
+  // K rows from this warp's first key; V rows from its own (v_own) or the
+  // partner's (v_other) first key and columns from its first O column. The
+  // offsets are multiples of 8 rows and of whole 8-chunk blocks, so they fold
+  // into the lane's base (the swizzle depends on row % 8 and chunk % 8 only).
+  const auto k_lane = KVTile::lane(((lane & 7) | ((lane >> 4) << 3)) + key_off, (lane >> 3) & 1);
+  auto v_lane_at = [&](int key0) {
+    auto l = KVTile::lane((lane & 15) + key0, lane >> 4);
+    l.row_bytes += half * (kDT / KVTile::kAtom) * KVTile::kRows * KVTile::kAtom * 16;
+    return l;
+  };
+  static_assert(!Cfg::kPairSplit || kDT % KVTile::kAtom == 0, "pair split: O halves of whole swizzle blocks");
+  const auto v_own = v_lane_at(key_off);
+  const auto v_other = v_lane_at(kWarpKeys - key_off);
 
   float acc[kMT][kDT][4];
   float row_max[kMT][2], row_sum[kMT][2];
@@ -331,8 +362,30 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
   };
 
+  // Pair split: a row value of this warp (lanes t == 0 hold it) combined with
+  // the partner warp's through shared memory; both warps get the same result.
+  // NOTES: the two warps of a pair meet at named barrier 1 + pair (64 threads).
+  // A warp writes its slot again only after the next barrier both pass, by
+  // which time the partner has read it.
+  auto pair_combine = [&](float (&v)[kMT][2], bool sum) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        if (t == 0) s_rows[warp * kWarpRows + mt * 16 + hf * 8 + g] = v[mt][hf];
+    pair_sync(warp / kSplit);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float other = s_rows[(warp ^ 1) * kWarpRows + mt * 16 + hf * 8 + g];
+        v[mt][hf] = sum ? v[mt][hf] + other : fmaxf(v[mt][hf], other);
+      }
+  };
+
   // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
   auto softmax = [&](Scores& s) {
+    float new_max[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -341,7 +394,14 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
           mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-        mx = quad_max(mx);
+        new_max[mt][hf] = quad_max(mx);
+      }
+    if constexpr (Cfg::kPairSplit) pair_combine(new_max, /*sum=*/false);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float mx = new_max[mt][hf];
         // A row with nothing visible yet keeps m = -inf; subtracting 0 then
         // gives P = 2^-inf = 0 and no NaN.
         const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
@@ -366,20 +426,49 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
       }
   };
 
-  // O += P V_j, P straight from the S accumulators (C layout == A layout).
-  auto pv = [&](int slot) {
+  // Pair split: this warp's P to shared memory, as rows of kWarpKeys 16-bit
+  // values (stride Pair::kPRowBytes: A-fragment stores and ldmatrix reads
+  // are both conflict-free), for the partner's P V.
+  auto share_p = [&]() {
+    const uint32_t base = sP + warp * Pair::kPBytes + g * Pair::kPRowBytes + 4 * t;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kKP; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st_shared_b32(base + (mt * 16 + (e & 1) * 8) * Pair::kPRowBytes + (kk * 16 + (e >> 1) * 8) * 2,
+                        pk[mt][kk][e]);
+  };
+
+  // O += P V_j, P straight from the S accumulators (C layout == A layout);
+  // with the pair split, then the partner's P (its keys) from shared memory.
+  auto pv_keys = [&](int slot, const SwizzleLane& v_lane, const uint32_t (&a)[kMT][kKP][4]) {
 #pragma unroll
     for (int kk = 0; kk < kKP; ++kk) {
 #pragma unroll
       for (int dp = 0; dp < kDT / 2; ++dp) {
         uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(frag_lane, kk * 16, dp * 2));
+        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(v_lane, kk * 16, dp * 2));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(acc[mt][2 * dp], pk[mt][kk], bv[0], bv[1]);
-          mma_m16n8k16<T>(acc[mt][2 * dp + 1], pk[mt][kk], bv[2], bv[3]);
+          mma_m16n8k16<T>(acc[mt][2 * dp], a[mt][kk], bv[0], bv[1]);
+          mma_m16n8k16<T>(acc[mt][2 * dp + 1], a[mt][kk], bv[2], bv[3]);
         }
       }
+    }
+  };
+  auto pv = [&](int slot) {
+    pv_keys(slot, v_own, pk);
+    if constexpr (Cfg::kPairSplit) {
+      uint32_t other[kMT][kKP][4];
+      const uint32_t base = sP + (warp ^ 1) * Pair::kPBytes + (lane & 15) * Pair::kPRowBytes + (lane >> 4) * 16;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kKP; ++kk)
+          ldmatrix_x4(other[mt][kk], base + mt * 16 * Pair::kPRowBytes + kk * 32);
+      pv_keys(slot, v_other, other);
     }
   };
 
@@ -424,18 +513,21 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
       Scores s;
       if (needs_mask(n0)) {
         qk(s, slot);
-        mask_scores(s, n0);
+        mask_scores(s, n0 + key_off);
         softmax(s);
       } else {
         qk(s, slot);
         softmax(s);
       }
+      if constexpr (Cfg::kPairSplit) share_p();
 
       if constexpr (kSplitKV) {
         cp_async_wait<0>();  // V_j landed
-        __syncthreads();     // ... for every thread; K_j is no longer read
+        __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
         issue_k(j + 1, 0);
         cp_async_commit();
+      } else if constexpr (Cfg::kPairSplit) {
+        pair_sync(warp / kSplit);  // the partner's P
       }
       pv(slot);
     }
@@ -482,21 +574,28 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 
   // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
   // lse = ln(l) + m * scale. A row that saw no key: O = 0, lse = -inf.
+  // With the pair split, l sums both warps' halves of the keys.
+  float l_rows[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) l_rows[mt][hf] = quad_sum(row_sum[mt][hf]);
+  if constexpr (Cfg::kPairSplit) pair_combine(l_rows, /*sum=*/true);
   cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const float l = quad_sum(row_sum[mt][hf]);
+      const float l = l_rows[mt][hf];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int r = warp_row + mt * 16 + g + hf * 8;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
-        *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, dt) + 4 * t) = packed;
+        *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, half * kDT + dt) + 4 * t) = packed;
       }
-      if (p.lse != nullptr && t == 0 && r < rows_valid) {
+      if (p.lse != nullptr && half == 0 && t == 0 && r < rows_valid) {
         const int64_t off = varlen ? h * p.lse_head_stride + (seq.row_q + m0 + r) * p.lse_row_stride
                                    : b * p.lse_batch_stride + h * p.lse_head_stride +
                                          static_cast<int64_t>(m0 + r) * p.lse_row_stride;
@@ -534,9 +633,29 @@ fa_status launch_forward_with(const AttentionParams& p) {
   return FA_OK;
 }
 
+// A tile shape with its warps in the plain layout (no pair split).
+template <class Cfg>
+struct WithoutPairSplit : Cfg {
+  static constexpr bool kPairSplit = false;
+};
+
 template <int kD, typename T>
 fa_status launch_forward(const AttentionParams& p) {
-  return launch_forward_with<kD, T, ForwardTuning<kD>>(p);
+  using Cfg = ForwardTuning<kD>;
+  if constexpr (Cfg::kPairSplit) {
+    // NOTES: the pair split's P exchange takes d 256 past the 99 KB of shared
+    // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
+    // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
+    // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
+    int device = 0, optin = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    const char* plain = std::getenv("FLASHATTN_FWD_NO_PAIR_SPLIT");
+    if ((plain != nullptr && plain[0] == '1') || forward_smem_bytes<Cfg>(kD) > optin) {
+      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
+    }
+  }
+  return launch_forward_with<kD, T, Cfg>(p);
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -21,6 +21,10 @@
 // must stay under the 163 KB an sm_80 CTA can have (H100: 227 KB).
 #pragma once
 
+#ifndef FLASHATTN_SM80_PAIR_SPLIT_256
+#define FLASHATTN_SM80_PAIR_SPLIT_256 1
+#endif
+
 namespace flashattn::cuda::sm80 {
 
 template <int HeadDim>
@@ -44,6 +48,7 @@ struct ForwardTuning<32> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = false;
 };
 
 // NOTES: FA2's d64 tile: 4 warps x 32 rows, N = 128 (half the per-tile
@@ -65,6 +70,7 @@ struct ForwardTuning<64> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = false;
 };
 
 // NOTES: 16 rows per warp, N = 128 (d128's previous shape; not re-measured
@@ -76,6 +82,7 @@ struct ForwardTuning<96> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = false;
 };
 
 // NOTES: FA2's d128 shape: 4 warps x 32 rows (each K/V fragment feeds 2
@@ -97,6 +104,7 @@ struct ForwardTuning<128> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = false;
 };
 
 // NOTES: 16 rows per warp (O = 96 regs), 4 warps, 72 KB: 2 CTAs/SM. Two CTAs
@@ -109,6 +117,7 @@ struct ForwardTuning<192> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = false;
   static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = false;
 };
 
 // NOTES: as 192: 4 warps x 16 rows (O = 128 regs), 96 KB, so 2 CTAs/SM on an
@@ -122,6 +131,17 @@ struct ForwardTuning<192> {
 // 8 warps, N = 64, one stage 259/260/278/287; N = 32, three stages 234/238/
 // 261/267 (both 1 CTA/SM: half the K/V traffic from L2 per query row did not
 // pay for the SM-wide barriers).
+// NOTES (kPairSplit, session 12): ncu at 4k non-causal had shared memory at
+// 75% of its peak (ldmatrix: Q 8 + K 32 + V 32 KB per warp and key tile for
+// 16 rows; torch's FA2, same tile, 77%). With two warps per 32 rows, each
+// reading K for its 32 keys and V for its 128 columns, it is 16 + 16 + 16 KB
+// plus 4 KB of P exchange: 28% fewer bytes for the same mma's. Measured: 60%
+// of peak, 4.3% fewer cycles (2.99M vs 3.13M). A/B in one process
+// (bench/sm90_fwd_ab.py, 3 rounds, two runs; bench/results/
+// 2026-11-24-h100-session12.md): +2..+7% at 1k-8k (non-causal and causal),
+// level at 16k. 106.5 KB: sm_86/89 (99 KB per CTA) run without it
+// (kernel.cuh's launch_forward). Fragments of the next Q K^T k-step read
+// ahead into a second register set (on top): 0.99..1.04 of without, dropped.
 template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
@@ -129,11 +149,29 @@ struct ForwardTuning<256> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = true;
   static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = FLASHATTN_SM80_PAIR_SPLIT_256;
+};
+
+// Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a
+// block of rows; each keeps S for its half of the keys and O for its half of
+// the head dim, so P and the row maxima (and, at the end, the row sums) cross
+// between the two through shared memory (kernel.cuh).
+template <class Cfg>
+struct PairSplit {
+  static constexpr int kWarpsPerRows = Cfg::kPairSplit ? 2 : 1;
+  static constexpr int kWarpRows = Cfg::kBlockM * kWarpsPerRows / Cfg::kWarps;
+  // One warp's P: kWarpRows rows of kBlockN / 2 16-bit values plus 16 bytes,
+  // so rows start 20 banks apart: the 8 rows of a fragment store (4 bytes per
+  // lane) or of an ldmatrix read (16 bytes per row) hit distinct banks.
+  static constexpr int kPRowBytes = Cfg::kBlockN + 16;
+  static constexpr int kPBytes = Cfg::kPairSplit ? kWarpRows * kPRowBytes : 0;
+  static constexpr int kRowValueBytes = Cfg::kPairSplit ? kWarpRows * 4 : 0;  // a float per row
+  static constexpr int kSmemBytes = Cfg::kWarps * (kPBytes + kRowValueBytes);
 };
 
 template <class Cfg>
 constexpr int forward_smem_bytes(int head_dim) {
-  return (Cfg::kBlockM + 2 * Cfg::kStages * Cfg::kBlockN) * head_dim * 2;
+  return (Cfg::kBlockM + 2 * Cfg::kStages * Cfg::kBlockN) * head_dim * 2 + PairSplit<Cfg>::kSmemBytes;
 }
 
 // Every shape must run on sm_80 too (163 KB of shared memory per CTA).
