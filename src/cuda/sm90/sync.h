@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/named_barrier.h"
+
 namespace flashattn::cuda::sm90 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -60,13 +62,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// Named barriers: ids 1..15 (0 is __syncthreads). `threads` is a multiple of 32.
-__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// Named barriers: cuda/common/named_barrier.h, part of this layer too.
+using cuda::named_arrive;
+using cuda::named_sync;
 
 // Ordinary shared-memory stores that the async proxy (wgmma, TMA) reads next.
 __device__ __forceinline__ void fence_proxy_async_smem() {

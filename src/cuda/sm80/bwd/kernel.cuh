@@ -211,9 +211,6 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
-}
 
 // dst[0..1] += (a, b) without returning the old values. NOTES: atomicAdd on a
 // float2 compiles to atom.global.add.v2.f32, which returns the old values: the
@@ -301,8 +298,8 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
           pv[e] = pr;
           dsv[e] = pr * (acc_dp[mi][ni][half * 2 + e] - row_d) * dcap;
         }
-        st_shared_u32(a.p + 2u * (r * PS + c), MmaType<T>::pack(pv[0], pv[1]));
-        st_shared_u32(a.ds + 2u * (r * PS + c), MmaType<T>::pack(dsv[0], dsv[1]));
+        st_shared_b32(a.p + 2u * (r * PS + c), MmaType<T>::pack(pv[0], pv[1]));
+        st_shared_b32(a.ds + 2u * (r * PS + c), MmaType<T>::pack(dsv[0], dsv[1]));
       }
     }
   }

@@ -25,6 +25,7 @@
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
+#include "cuda/common/named_barrier.h"
 #include "cuda/common/swizzle.h"
 #include "cuda/sm80/fwd/tuning.h"
 
@@ -116,9 +117,7 @@ struct TileCopy {
 };
 
 // Named barrier 1 + pair for the two warps of a pair (pair split).
-__device__ __forceinline__ void pair_sync(int pair) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
-}
+__device__ __forceinline__ void pair_sync(int pair) { named_sync(1 + pair, 64); }
 
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
 // tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);

@@ -84,6 +84,7 @@
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/flags.h"
+#include "cuda/common/mma.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/bwd/launch.h"
 #include "cuda/sm90/bwd/tuning.h"
@@ -228,9 +229,6 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 }
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 template <int D, typename T>
