@@ -138,11 +138,12 @@ struct ForwardTuning<192> {
 // plus 4 KB of P exchange: 28% fewer bytes for the same mma's. Measured: 60%
 // of peak, 4.3% fewer cycles (2.99M vs 3.13M). A/B in one process
 // (bench/sm90_fwd_ab.py, 3 rounds, two runs; bench/results/
-// 2026-11-24-h100-session12.md): +2..+7% at 1k-8k (non-causal and causal),
-// +1..+6% at 16k. 106.5 KB: sm_86/89 (99 KB per CTA) run without it
+// 2026-11-24-h100-session12.md): +2..+8% at 1k-8k (non-causal and causal;
+// one cell +0.4%), +2..+6% at 16k. 106.5 KB: sm_86/89 (99 KB per CTA) run without it
 // (kernel.cuh's launch_forward). Fragments of the next Q K^T k-step read
-// ahead into a second register set (on top): 0.99..1.04 of without; V's
-// copies spread over the Q K^T k-loop instead of one burst: -1..-5%. Dropped.
+// ahead into a second register set (on top): 0.97..1.01 of without; V's
+// copies spread over the Q K^T k-loop instead of one burst: 0.96..1.00 of
+// without. Dropped.
 template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
