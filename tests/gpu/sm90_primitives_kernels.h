@@ -19,6 +19,9 @@ double wgmma_rs_rel_error(bool bf16, std::string& error);
 // wgmma m64n64k16 x 2 (K = 32), A and B both MN-major in shared memory (the
 // backward's dQ = dS K): max |C - C_ref| / max |C_ref|.
 double wgmma_sstt_rel_error(bool bf16, std::string& error);
+// stmatrix.x4 (the forward's O epilogue): four 8x8 16-bit matrices from the
+// accumulator layout: number of elements not where the layout puts them.
+long stmatrix_mismatches(std::string& error);
 // Producer/consumer mbarrier ring (2 stages, 40 rounds, stages filled by bulk
 // copies completing on the barrier) with named-barrier
 // turn taking between two consumer warpgroups: wrong sums + out-of-order turns.

@@ -1,7 +1,8 @@
 // The src/cuda/sm90 primitives, each against a simple host reference: TMA tensor
 // maps + bulk tensor loads (swizzle, out-of-bounds fill) on an mbarrier, wgmma
 // from shared memory (K-major descriptors) and from registers (MN-major B),
-// and an mbarrier producer/consumer ring with named-barrier turn taking.
+// stmatrix from the accumulator layout, and an mbarrier producer/consumer
+// ring with named-barrier turn taking.
 // Skipped unless the GPU is compute capability 9.0.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -50,6 +51,14 @@ TEST(Sm90Primitives, WgmmaSharedSharedMnMajor) {
     ASSERT_GE(e, 0) << error;
     EXPECT_LT(e, 1e-5) << (bf16 ? "bf16" : "fp16");
   }
+}
+
+TEST(Sm90Primitives, StmatrixFromAccumulatorLayout) {
+  FA_REQUIRE_SM90();
+  std::string error;
+  const long bad = sm90prim::stmatrix_mismatches(error);
+  ASSERT_GE(bad, 0) << error;
+  EXPECT_EQ(bad, 0);
 }
 
 // NOTES: compute-sanitizer racecheck reports this kernel's ordinary loads of a

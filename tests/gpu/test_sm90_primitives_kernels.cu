@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/sm90/arch.h"
+#include "cuda/sm90/fwd/tma_store.h"
 #include "cuda/sm90/sync.h"
 #include "cuda/sm90/tma.h"
 #include "cuda/sm90/wgmma.h"
@@ -284,7 +285,43 @@ double run_wgmma(Form form, std::string& error) {
   return err / mag;
 }
 
+// ------------------------------------------------------------------ stmatrix
+// One warp stores four 8x8 matrices of 16-bit values, matrix m at byte
+// 128 m (rows of 16 bytes), element (r, c) of matrix m holding m*64 + r*8 + c.
+__global__ void stmatrix_kernel(uint16_t* out) {
+#if FLASHATTN_SM90_DEVICE
+  __shared__ alignas(128) uint16_t tile[4 * 64];
+  const int lane = threadIdx.x;
+  uint32_t r[4];
+  for (int m = 0; m < 4; ++m) {
+    const int v = m * 64 + (lane / 4) * 8 + 2 * (lane % 4);
+    r[m] = static_cast<uint32_t>(v) | (static_cast<uint32_t>(v + 1) << 16);
+  }
+  const uint32_t row = static_cast<uint32_t>(__cvta_generic_to_shared(tile)) + (lane / 8) * 128 + (lane % 8) * 16;
+  stmatrix_x4(row, r[0], r[1], r[2], r[3]);
+  __syncwarp();
+  for (int i = lane; i < 4 * 64; i += 32) out[i] = tile[i];
+#endif
+}
+
 }  // namespace
+
+long stmatrix_mismatches(std::string& error) {
+  uint16_t* d_out = nullptr;
+  if (!ok(cudaMalloc(&d_out, 4 * 64 * sizeof(uint16_t)), error)) return -1;
+  std::vector<uint16_t> out(4 * 64, 0xffff);
+  bool ran = ok(cudaMemset(d_out, 0xff, out.size() * sizeof(uint16_t)), error);
+  if (ran) {
+    stmatrix_kernel<<<1, 32>>>(d_out);
+    ran = ok(cudaGetLastError(), error) && ok(cudaDeviceSynchronize(), error) &&
+          ok(cudaMemcpy(out.data(), d_out, out.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), error);
+  }
+  cudaFree(d_out);
+  if (!ran) return -1;
+  long bad = 0;
+  for (int i = 0; i < 4 * 64; ++i) bad += out[i] != i;
+  return bad;
+}
 
 long tma_load_mismatches(std::string& error) {
   const int64_t row_stride = kTHeads * kTD + kTPad, head_stride = kTD,

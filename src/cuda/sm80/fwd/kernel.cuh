@@ -102,10 +102,27 @@ struct TileCopy {
   }
 
   // The reverse, for the output: rows/columns outside the bounds are not written.
+  // NOTES: a whole tile (every query tile but a sequence's last) reads all its
+  // chunks from shared memory first and then stores them, with no per-row
+  // test: the per-row branch made each store wait for its own read in turn
+  // (ncu, d256 1k: the epilogue was 6% of the warp samples for 1/16 of the work).
   template <typename T>
   __device__ __forceinline__ void store(T* dst, int64_t row_stride, const uint8_t* src_smem,
                                         int rows_valid, int cols_valid) const {
     if (!active || chunk * 8 >= cols_valid) return;
+    if (kFastStores && rows_valid >= Tile::kRows) {
+      uint4 v[kPasses];
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) v[i] = *reinterpret_cast<const uint4*>(src_smem + pass_offset(i));
+      T* g = dst + row * row_stride + chunk * 8;
+      const int64_t step = kRowsPerPass * row_stride;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        *reinterpret_cast<uint4*>(g) = v[i];
+        g += step;
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       if (row + i * kRowsPerPass < rows_valid) {
@@ -574,12 +591,21 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
   // lse = ln(l) + m * scale. A row that saw no key: O = 0, lse = -inf.
   // With the pair split, l sums both warps' halves of the keys.
+  // NOTES: every row of this lane is g modulo 8, so all share one swizzle:
+  // addresses are a lane base plus kAtom XOR-ed chunk offsets plus constants
+  // (QTile::offset per row computed the swizzle again for each of 64 stores:
+  // ~350 integer instructions per warp at d256).
   float l_rows[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) l_rows[mt][hf] = quad_sum(row_sum[mt][hf]);
   if constexpr (Cfg::kPairSplit) pair_combine(l_rows, /*sum=*/true);
+  // Not at kNT >= 16 (d64's 128-key S): ptxas then spilled 8 bytes in the K/V loop.
+  constexpr bool kFastOStaging = kFastStores && kNT < 16;
+  const auto o_lane = QTile::lane(g, 0);
+  const uint32_t o_base =
+      sQ + (warp_row * QTile::kAtom + half * (kDT / QTile::kAtom) * kM * QTile::kAtom) * 16 + 4 * t;
   cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
@@ -592,7 +618,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
-        *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, half * kDT + dt) + 4 * t) = packed;
+        if constexpr (kFastOStaging) {
+          st_shared_b32(o_base + QTile::at(o_lane, mt * 16 + hf * 8, dt), packed);
+        } else {
+          *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, half * kDT + dt) + 4 * t) = packed;
+        }
       }
       if (p.lse != nullptr && half == 0 && t == 0 && r < rows_valid) {
         const int64_t off = varlen ? h * p.lse_head_stride + (seq.row_q + m0 + r) * p.lse_row_stride

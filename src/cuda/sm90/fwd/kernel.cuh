@@ -765,18 +765,23 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           // The previous tile's store must have read the buffer.
           if (tid == 0) tma_store_wait_read();
           named_sync(o_bar, 128);
+          // Row rr of the 64 at byte rr * 128 of each 64-column block; its
+          // 16-byte chunk c sits at chunk c ^ (rr % 8) (the 128B swizzle).
+          // One stmatrix.x4 per 16 columns of the warp's 16 rows (8 at d128,
+          // instead of 32 4-byte stores): matrix q = lane / 8 is rows 8 (q % 2)
+          // .. +7 at chunk i + q / 2; i is even, so that chunk's swizzle is
+          // (i % 8) ^ x with x = (q / 2) ^ (rr % 8) fixed per lane.
+          const int q = lane / 8;
+          const int rr = warp * 16 + (q % 2) * 8 + lane % 8;
+          const uint32_t row_base = smem_addr(so) + rr * 128;
+          const int x = (q / 2) ^ (lane % 8);
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            // Row rr of the 64 at byte rr * 128 of each 64-column block; its
-            // 16-byte chunk c sits at chunk c ^ (rr % 8) (the 128B swizzle).
-            const int rr = warp * 16 + lane / 4 + 8 * r;
-#pragma unroll
-            for (int i = 0; i < D / 8; ++i) {
-              const uint32_t off = (i / 8) * 64 * 128 + rr * 128 + (((i % 8) ^ (rr % 8)) << 4) +
-                                   (lane % 4) * 4;
-              *reinterpret_cast<uint32_t*>(so + off) =
-                  pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
-            }
+          for (int i = 0; i < D / 8; i += 2) {
+            stmatrix_x4(row_base + (i / 8) * 64 * 128 + (((i % 8) ^ x) << 4),
+                        pack2<T>(o[4 * i] * inv[0], o[4 * i + 1] * inv[0]),
+                        pack2<T>(o[4 * i + 2] * inv[1], o[4 * i + 3] * inv[1]),
+                        pack2<T>(o[4 * i + 4] * inv[0], o[4 * i + 5] * inv[0]),
+                        pack2<T>(o[4 * i + 6] * inv[1], o[4 * i + 7] * inv[1]));
           }
           fence_proxy_async_smem();
           named_sync(o_bar, 128);

@@ -1,6 +1,6 @@
-// TMA stores (cp.async.bulk.tensor, shared -> global) for the Hopper forward's
-// epilogue. Kept beside the kernel rather than in ../tma.h: only the forward
-// stores through TMA.
+// The Hopper forward's epilogue: stmatrix (registers -> shared, in the
+// accumulator layout) and TMA stores (cp.async.bulk.tensor, shared -> global).
+// Kept beside the kernel rather than in ../tma.h: only the forward uses them.
 #pragma once
 
 #include <cuda.h>
@@ -10,6 +10,17 @@
 namespace flashattn::cuda::sm90 {
 
 #if defined(__CUDACC__)
+// Four 8x8 matrices of 16-bit values to shared memory: register i of lane l
+// holds row l / 4, columns 2 * (l % 4) and +1 of matrix i (an mma / wgmma
+// accumulator's layout, packed), and lane l gives the address of row l % 8 of
+// matrix l / 8 (16 contiguous bytes). One instruction for what takes four
+// 4-byte stores per lane.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 // Stores the box at coordinates (c0..c3, elements) of `map` from shared memory
 // (laid out as the map's swizzle says). Elements outside the tensor are not
 // written. Asynchronous: completes as part of this thread's bulk group.
