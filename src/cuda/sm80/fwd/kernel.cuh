@@ -86,10 +86,14 @@ struct TileCopy {
     // sequence's last, at the kernel's own head dim) takes copies without the
     // per-chunk bound test, pointer select and byte count.
     if (kFastWholeTiles && rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
+      if constexpr (kWide) {
+        load_whole_wide(dst, src, row_stride);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        cp_async_16(dst + pass_offset(i), g);
-        g += step;
+        for (int i = 0; i < kPasses; ++i) {
+          cp_async_16(dst + pass_offset(i), g);
+          g += step;
+        }
       }
       return;
     }
@@ -98,6 +102,32 @@ struct TileCopy {
       const bool ok = col_ok && row + i * kRowsPerPass < rows_valid;
       cp_async_16(dst + pass_offset(i), ok ? g : src, ok);
       g += step;
+    }
+  }
+
+  // Whole tiles of 128-byte swizzle blocks, FlashAttention-2's thread layout:
+  // 8 threads per 128-byte row segment, each copying its chunk of every
+  // column block of kWideSweeps rows kWideRows apart. One pointer per row, the
+  // column blocks as immediate offsets (global: 128 bytes, shared: one block),
+  // and one swizzle per thread (its rows are equal mod 8).
+  // NOTES: the pass layout above steps one pointer down the tile, a 64-bit
+  // add per 16-byte copy (d256: 32 per K/V tile and thread, ~60 integer
+  // instructions of the ~990 per warp and key tile; torch's FA2 ~8).
+  static constexpr bool kWide = FLASHATTN_SM80_WIDE_COPIES && Tile::kAtom == 8 &&
+                                Tile::kChunks >= 16 && kThreads % 8 == 0 &&
+                                Tile::kRows % (kThreads / 8) == 0;
+  static constexpr int kWideRows = kThreads / 8, kWideSweeps = Tile::kRows / (kThreads / 8);
+  template <typename T>
+  __device__ __forceinline__ void load_whole_wide(uint32_t dst, const T* src, int64_t row_stride) const {
+    const int tid = row * Tile::kChunks + chunk;  // the constructor's thread index
+    const int r0 = tid / 8, cc = tid % 8;
+    const uint32_t d0 = dst + static_cast<uint32_t>((r0 * 8 + (cc ^ (r0 % 8))) * 16);
+#pragma unroll
+    for (int s = 0; s < kWideSweeps; ++s) {
+      const T* g = src + static_cast<int64_t>(r0 + s * kWideRows) * row_stride + cc * 8;
+#pragma unroll
+      for (int b = 0; b < Tile::kChunks / 8; ++b)
+        cp_async_16(d0 + (b * Tile::kRows + s * kWideRows) * 128, g + b * 64);
     }
   }
 

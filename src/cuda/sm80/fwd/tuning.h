@@ -24,6 +24,9 @@
 #ifndef FLASHATTN_SM80_PAIR_SPLIT_256
 #define FLASHATTN_SM80_PAIR_SPLIT_256 1
 #endif
+#ifndef FLASHATTN_SM80_WIDE_COPIES
+#define FLASHATTN_SM80_WIDE_COPIES 1
+#endif
 #ifndef FLASHATTN_SM80_FAST_STORES
 #define FLASHATTN_SM80_FAST_STORES 1
 #endif
@@ -38,6 +41,15 @@ namespace flashattn::cuda::sm80 {
 // ~990 per key tile) and held 6.0% of the warp samples (the prologue 3.3%);
 // torch's FA2 took 1.5% fewer cycles there while ours is 3-5% ahead from 4k.
 inline constexpr bool kFastStores = FLASHATTN_SM80_FAST_STORES;
+
+// NOTES (TileCopy::kWide, FLASHATTN_SM80_WIDE_COPIES; session 13): whole K/V
+// tiles at d256 (kFastWholeTiles) copied in FlashAttention-2's thread layout,
+// 8 threads per 128-byte row segment and the 4 column blocks as immediate
+// offsets: 4 row pointers per tile and thread instead of a 64-bit add per
+// 16-byte copy (32 per tile). SASS: LDGSTS [R + imm] from 4 pointers. A/B in
+// one process (5 rounds; bench/results/2026-11-24-h100-session13.md, 9):
+// +1.4..+3.8% at 512-16k, both masks (10 of 10 cells); 9 rounds at 1k/2k
+// non-causal +1.2/+1.8%. Output bitwise equal.
 
 template <int HeadDim>
 struct ForwardTuning;
