@@ -95,6 +95,9 @@
 #ifndef FLASHATTN_SM90_QSTAGES_64
 #define FLASHATTN_SM90_QSTAGES_64 2
 #endif
+#ifndef FLASHATTN_SM90_STAGES_128
+#define FLASHATTN_SM90_STAGES_128 2
+#endif
 #ifndef FLASHATTN_SM90_QSTAGES_128
 #define FLASHATTN_SM90_QSTAGES_128 2
 #endif
@@ -198,6 +201,11 @@ struct ForwardTuning<64> {
 // the current tile runs: 2k/4k/8k non-causal 529/563/591 vs 486/534/587 and
 // 499/547/590 (176 keys, one Q, timed before and after), causal 415/464/498
 // vs 390/441/490 and 389/449/501 (bf16, H100, one run).
+// A third K/V stage (FLASHATTN_SM90_STAGES_128=3; room only with one Q buffer,
+// O stored from registers and 128-key tiles): 0.967-0.998 of the same without
+// it (one Q buffer, register O), which was itself 0.977-1.008 of the shipped
+// build at 1k-4k (A/B, 5 rounds, session13.md 11): the consumers' waits for
+// K/V in the trace are not what the period is made of.
 // Long keys (the middle row sees >= 8192: non-causal from 8k, causal from
 // 16k): 176-key tiles (FA3's width), one Q buffer and O stored from registers
 // (32 + 2 * 2 * 44 = 208 KB): a third fewer key tiles, so fewer per-tile max
@@ -209,7 +217,7 @@ struct ForwardTuning<64> {
 template <>
 struct ForwardTuning<128> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2;
-  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = 2;
+  static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = FLASHATTN_SM90_STAGES_128;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr int kLongBlockN = FLASHATTN_SM90_LONG_BLOCKN_128, kLongKeys = 8192;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
