@@ -113,9 +113,12 @@ struct TileCopy {
   // NOTES: the pass layout above steps one pointer down the tile, a 64-bit
   // add per 16-byte copy (d256: 32 per K/V tile and thread, ~60 integer
   // instructions of the ~990 per warp and key tile; torch's FA2 ~8).
+  // (Only where every thread copies in the pass layout too: load() returns
+  // early for the idle ones, and tid below is rebuilt from row and chunk.)
   static constexpr bool kWide = FLASHATTN_SM80_WIDE_COPIES && Tile::kAtom == 8 &&
                                 Tile::kChunks >= 16 && kThreads % 8 == 0 &&
-                                Tile::kRows % (kThreads / 8) == 0;
+                                Tile::kRows % (kThreads / 8) == 0 &&
+                                kRowsPerPass * Tile::kChunks == kThreads;
   static constexpr int kWideRows = kThreads / 8, kWideSweeps = Tile::kRows / (kThreads / 8);
   template <typename T>
   __device__ __forceinline__ void load_whole_wide(uint32_t dst, const T* src, int64_t row_stride) const {
