@@ -46,7 +46,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -55,6 +54,7 @@
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/flags.h"
+#include "cuda/common/launch_env.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
@@ -540,14 +540,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int D, typename T>
 fa_status run_main(const AttentionParams& p, const Workspace& ws) {
   using C = Config<D>;
-  int device = 0, optin = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  const int optin = current_device_smem_optin();
   // NOTES: FLASHATTN_BWD_SINGLE_STAGE=1 forces the single-buffered path that
   // devices with less shared memory (A100: 163 KB) take, so that path is
   // tested on any GPU (tests/gpu/test_cuda_backward.cpp); it is no tuning knob.
-  const char* single = std::getenv("FLASHATTN_BWD_SINGLE_STAGE");
-  const bool force_single = single != nullptr && single[0] == '1';
+  const bool force_single = env_switch("FLASHATTN_BWD_SINGLE_STAGE");
   const int stages = !force_single && SharedLayout<D>::bytes(2) <= optin ? 2 : 1;
   const int bytes = SharedLayout<D>::bytes(stages);
   if (bytes > optin) {

@@ -15,7 +15,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -24,6 +23,7 @@
 #include "core/mask.h"
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cuda/common/launch_env.h"
 #include "cuda/common/mma.h"
 #include "cuda/common/named_barrier.h"
 #include "cuda/common/swizzle.h"
@@ -112,7 +112,7 @@ struct TileCopy {
   // and one swizzle per thread (its rows are equal mod 8).
   // NOTES: the pass layout above steps one pointer down the tile, a 64-bit
   // add per 16-byte copy (d256: 32 per K/V tile and thread, ~60 integer
-  // instructions of the ~990 per warp and key tile; torch's FA2 ~8).
+  // instructions of the ~990 per warp and key tile; torch's FA2 ~24 in all, ncu).
   // (Only where every thread copies in the pass layout too: load() returns
   // early for the idle ones, and tid below is rebuilt from row and chunk.)
   static constexpr bool kWide = FLASHATTN_SM80_WIDE_COPIES && Tile::kAtom == 8 &&
@@ -709,11 +709,7 @@ fa_status launch_forward(const AttentionParams& p) {
     // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
     // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
     // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
-    int device = 0, optin = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    const char* plain = std::getenv("FLASHATTN_FWD_NO_PAIR_SPLIT");
-    if ((plain != nullptr && plain[0] == '1') || forward_smem_bytes<Cfg>(kD) > optin) {
+    if (env_switch("FLASHATTN_FWD_NO_PAIR_SPLIT") || forward_smem_bytes<Cfg>(kD) > current_device_smem_optin()) {
       return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
     }
   }

@@ -202,7 +202,7 @@ struct ForwardTuning<64> {
 // 499/547/590 (176 keys, one Q, timed before and after), causal 415/464/498
 // vs 390/441/490 and 389/449/501 (bf16, H100, one run).
 // A third K/V stage (FLASHATTN_SM90_STAGES_128=3; room only with one Q buffer,
-// O stored from registers and 128-key tiles): 0.967-0.998 of the same without
+// O stored from registers and 128-key tiles): 0.978-1.000 of the same without
 // it (one Q buffer, register O), which was itself 0.977-1.008 of the shipped
 // build at 1k-4k (A/B, 5 rounds, session13.md 11): the consumers' waits for
 // K/V in the trace are not what the period is made of.
