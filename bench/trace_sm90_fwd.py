@@ -78,14 +78,16 @@ def main():
                 continue  # not reached in the last launch (or a stale stamp from an earlier one)
             for wg in range(WGS):
                 e = cur[wg]
-                rows["q_wait"].append(e[1] - e[0])
-                rows["first_s"].append(e[2] - e[1])
-                rows["loop"].append(e[3] - e[2])
+                primed = e[1] == 0  # started by the previous tile's last turn (kCrossTile): no Q/first-S stamps
+                if not primed:
+                    rows["q_wait"].append(e[1] - e[0])
+                    rows["first_s"].append(e[2] - e[1])
+                    rows["loop"].append(e[3] - e[2])
                 rows["epilogue"].append(e[4] - e[3])
                 rows["next"].append(nxt[wg, 0] - e[4])
                 tile_cycles = nxt[wg, 0] - e[0]
                 rows["tile"].append(tile_cycles)
-                if not args.causal and key_tiles > 1:
+                if not primed and not args.causal and key_tiles > 1:
                     per = (e[3] - e[2]) / (key_tiles - 1)
                     rows["per_key_tile"].append(per)
                     rows["boundary"].append(tile_cycles - key_tiles * per)

@@ -7,7 +7,9 @@
 // K before P V needs V). Warpgroups 1..kConsumers are consumers, 64 query rows
 // each, taking turns to issue their GEMMs (ping-pong): S = Q K^T with wgmma
 // from shared memory, online softmax in registers (masking with the shared
-// MaskPolicy, softcap), O += P V with wgmma taking P from registers.
+// MaskPolicy, softcap), O += P V with wgmma taking P from registers. With two
+// Q buffers a tile's last P V and the next tile's first S share one turn and
+// the epilogue runs under that S (kCrossTile): the next tile starts primed.
 // The epilogue normalizes O and stores it through shared memory with TMA where
 // the tuning has room for that (kOTma; TMA clips rows past the sequence), or
 // straight from registers (varlen, and d = 192 / 256: rows past the sequence
@@ -505,236 +507,182 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       return desc_advance(desc_advance(v_desc, s * K::kKVBytes), kt * 16 * 128);
     };
 
-    int qt = 0;  // tiles with loads so far, as the producer counts them
-    int it = 0;
-    int traced = 0;  // tiles so far (trace.h)
-    for (int step = 0; step < a.num_steps; ++step) {
+    // O of one tile through this warpgroup's shared-memory staging and a TMA
+    // store (kOTma): po holds O / l as the stmatrix operands (bf16/fp16 pairs).
+    // Row rr of the 64 at byte rr * 128 of each 64-column block; its 16-byte
+    // chunk c sits at chunk c ^ (rr % 8) (the 128B swizzle). One stmatrix.x4
+    // per 16 columns of the warp's 16 rows (8 at d128, instead of 32 4-byte
+    // stores): matrix q = lane / 8 is rows 8 (q % 2) .. +7 at chunk i + q / 2;
+    // i is even, so that chunk's swizzle is (i % 8) ^ x with x = (q / 2) ^
+    // (rr % 8) fixed per lane.
+    auto store_o_tma = [&](const uint32_t (&po)[D / 4], int wg_row0, int h, int b) {
+      uint8_t* so = smem + K::kOOff + cw * K::kOBytes;
+      const uint32_t o_bar = K::kOBarrier0 + cw;
+      // The previous tile's store must have read the buffer.
+      if (tid == 0) tma_store_wait_read();
+      named_sync(o_bar, 128);
+      const int q = lane / 8;
+      const int rr = warp * 16 + (q % 2) * 8 + lane % 8;
+      const uint32_t row_base = smem_addr(so) + rr * 128;
+      const int x = (q / 2) ^ (lane % 8);
+#pragma unroll
+      for (int i = 0; i < D / 8; i += 2) {
+        stmatrix_x4(row_base + (i / 8) * 64 * 128 + (((i % 8) ^ x) << 4), po[2 * i], po[2 * i + 1],
+                    po[2 * i + 2], po[2 * i + 3]);
+      }
+      fence_proxy_async_smem();
+      named_sync(o_bar, 128);
+      if (tid == 0 && wg_row0 >= 0) {
+#pragma unroll
+        for (int c = 0; c < K::kColBlocks; ++c)
+          if (c * 64 < p.head_dim) tma_store_4d(&tma_o, so + c * 64 * 128, c * 64, wg_row0, h, b);
+        tma_store_commit();
+      }
+    };
+
+    // A tile of the walk with what its softmax mask and epilogue need.
+    struct Tile {
       TileWork w;
       SplitSegment seg;
-      if (!work_at<kBlockM, kBlockN, kSplit>(p, a, step, w, seg)) continue;
-      if (!w.valid) continue;
-      const int ti = traced++;
-      auto stamp = [&](TraceEvent e) {
-        if constexpr (!kSplit) trace(ti, cw, tid, e);  // the main kernel's tiles only
-      };
-      auto stamp_step = [&](int j, TraceStep e) {
-        if constexpr (!kSplit) trace_step(ti, cw, tid, j, e);
-      };
-      stamp(kTraceTileStart);
-      const MaskPolicy mask = mask_for(p, w.seq);
-      const int row0 = w.m0 + cw * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
-      const int rows_end = min(w.m0 + kBlockM, w.seq.seqlen_q);
+      MaskPolicy mask;
+      int row0;      // this thread's rows: row0, row0 + 8
+      int rows_end;  // end of the tile's rows within the sequence
+    };
+    // The next valid tile from step `step` on (producer and consumers skip the same ones).
+    auto next_tile = [&](int& step, Tile& t) {
+      for (; step < a.num_steps; ++step) {
+        if (!work_at<kBlockM, kBlockN, kSplit>(p, a, step, t.w, t.seg)) continue;
+        if (!t.w.valid) continue;
+        t.mask = mask_for(p, t.w.seq);
+        t.row0 = t.w.m0 + cw * 64 + warp * 16 + lane / 4;
+        t.rows_end = min(t.w.m0 + kBlockM, t.w.seq.seqlen_q);
+        return true;
+      }
+      return false;
+    };
 
-      float o[D / 2];
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    // kCrossTile: a tile's last P V and the next tile's first S = Q K^T are
+    // issued in one turn, and the tile's epilogue runs under that S (tuning.h).
+    // Needs the next tile's Q loaded during this one (two Q buffers).
+    constexpr bool kCrossTile =
+        K::Tune::kCrossTile && K::Tune::kIntraWgOverlap && K::kQStages == 2 && !kSplit;
 
-      if (w.n_end > w.n_begin) {
-        const int qs = qt % K::kQStages;
-        const uint32_t q_phase = (qt / K::kQStages) & 1;
-        ++qt;
-        q_desc = desc_advance(q_desc0, qs * K::kQBytes);
-        uint64_t* const q_empty = &empty_q[qs];
-        mbar_wait(&full_q[qs], q_phase);
-        stamp(kTraceQReady);
+    float o[D / 2];
+    float m[2], l[2], corr[2];
+    float sc[kBlockN / 2];
+    uint32_t pa[kBlockN / 16][4];
+    int qt = 0;  // tiles with loads so far, as the producer counts them
+    uint64_t* q_empty = nullptr;
 
-        float sc[kBlockN / 2];
-        uint32_t pa[kBlockN / 16][4];
-
-        // S = Q K(n)^T into sc (issue only).
-        auto issue_s = [&](int s) {
-          wgmma_fence();
+    // S = Q K(stage s)^T into sc (issue only).
+    auto issue_s = [&](int s) {
+      wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk)
-            WgmmaSS<kBlockN, T>::run(sc, desc_q(kk), desc_k(s, kk), kk > 0 ? 1 : 0);
-          wgmma_commit();
-        };
-        // O += P V(s) (issue only).
-        auto issue_pv = [&](int s) {
-          wgmma_fence();
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<kBlockN, T>::run(sc, desc_q(kk), desc_k(s, kk), kk > 0 ? 1 : 0);
+      wgmma_commit();
+    };
+    // O += P V(stage s) (issue only).
+    auto issue_pv = [&](int s) {
+      wgmma_fence();
 #pragma unroll
-          for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
-          wgmma_commit();
-        };
-        // Softcap, mask and online softmax of sc for key tile n; returns the
-        // correction for O in corr.
-        auto softmax = [&](int n, float (&corr)[2]) {
-          if (a.softcap_in != 0.0f) {
+      for (int kt = 0; kt < kBlockN / 16; ++kt)
+        WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
+      wgmma_commit();
+    };
+    // Softcap, mask and online softmax of sc for key tile n of tile t;
+    // returns the correction for O in corr.
+    auto softmax = [&](const Tile& t, int n) {
+      if (a.softcap_in != 0.0f) {
 #pragma unroll
-            for (int i = 0; i < kBlockN / 2; ++i) sc[i] = fast_tanh(sc[i] * a.softcap_in);
-          }
-          const int n0 = n * kBlockN;
-          if (!mask.tile_fully_visible(w.m0, rows_end, n0, n0 + kBlockN)) {
-            // visible(row, col) as one range per row: columns [lo, hi) of the
-            // tile relative to this lane's first, n0 + 2 * (lane % 4), so each
-            // element compares a compile-time column with two bounds.
-            // NOTES: per-element visible() took ~6 instructions an element on
-            // every masked (diagonal, window, ragged-end) tile; the ranges gave
-            // causal +9-11% at 2k (d64, d128). Without a window only the ragged
-            // end is cut, with row-independent bounds: computing per-row ones
-            // there too cost the unmasked runs 2-5% (perf-notes).
-            const int col0 = n0 + 2 * (lane % 4);
-            int lo[2], hi[2];
-            if (mask.window_left < 0 && mask.window_right < 0) {
-              lo[0] = lo[1] = -col0;
-              hi[0] = hi[1] = mask.seqlen_k - col0;
-            } else {
-#pragma unroll
-              for (int r = 0; r < 2; ++r) {
-                lo[r] = max(mask.first_key(row0 + 8 * r), 0) - col0;
-                hi[r] = min(mask.end_key(row0 + 8 * r), mask.seqlen_k) - col0;
-              }
-            }
-#pragma unroll
-            for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int c = 8 * i + (e & 1), r = e >> 1;
-                if (c < lo[r] || c >= hi[r]) sc[4 * i + e] = -INFINITY;
-              }
-            }
-          }
-          online_softmax(sc, m, l, corr, a.scale_log2);
-        };
-        auto rescale_o = [&](const float (&corr)[2]) {
-#pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            o[4 * i + 0] *= corr[0];
-            o[4 * i + 1] *= corr[0];
-            o[4 * i + 2] *= corr[1];
-            o[4 * i + 3] *= corr[1];
-          }
-        };
-        // O *= exp(m_old - m_new) of the last softmax inside the turn, while S
-        // runs and before the P V that adds to O (tuning.h, kRescaleInTurn).
-        auto rescale_in_turn = [&](const float (&corr)[2]) {
-          if constexpr (kRescaleInTurn) {
-            rescale_o(corr);
-            fence_operands(o);
-          }
-        };
-        auto convert_p = [&]() {
-#pragma unroll
-          for (int kt = 0; kt < kBlockN / 16; ++kt) {
-            pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
-            pa[kt][1] = pack2<T>(sc[8 * kt + 2], sc[8 * kt + 3]);
-            pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
-            pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
-          }
-        };
-        auto release = [&](uint64_t* bar) {
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar);
-        };
-
-        if constexpr (K::Tune::kIntraWgOverlap) {
-          // Prologue: S and P of the first (highest) key tile.
-          int n = w.n_end - 1;
-          int s = it % kStages;
-          uint32_t ph = (it / kStages) & 1;
-          mbar_wait(&full_k[s], ph);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          issue_s(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<0>();
-          fence_operands(sc);
-          stamp(kTraceFirstS);
-          release(&empty_k[s]);
-          if (n == w.n_begin) release(q_empty);
-          float corr[2];
-          softmax(n, corr);
-          convert_p();
-          // Steady state: S(n) runs on the tensor cores with P(n+1) V(n+1)
-          // while the previous wait/softmax finishes; softmax(n) overlaps P V.
-          for (--n; n >= w.n_begin; --n) {
-            const int j = w.n_end - 2 - n;  // key tiles done so far, for the trace
-            stamp_step(j, kStepTop);
-            const int s_prev = s;
-            const uint32_t ph_prev = ph;
-            ++it;
-            s = it % kStages;
-            ph = (it / kStages) & 1;
-            mbar_wait(&full_k[s], ph);
-            mbar_wait(&full_v[s_prev], ph_prev);
-            stamp_step(j, kStepLoaded);
-            if (kPingPong) named_sync(my_turn, kTurnThreads);
-            stamp_step(j, kStepTurn);
-            fence_operands(o);
-            fence_operands(pa);
-            issue_s(s);
-            rescale_in_turn(corr);
-            issue_pv(s_prev);
-            if (kPingPong) named_arrive(other_turn, kTurnThreads);
-            stamp_step(j, kStepIssued);
-            wgmma_wait<1>();
-            fence_operands(sc);
-            stamp_step(j, kStepSReady);
-            release(&empty_k[s]);
-            if (n == w.n_begin) release(q_empty);
-            softmax(n, corr);
-            stamp_step(j, kStepSoftmax);
-            wgmma_wait<0>();
-            fence_operands(o);
-            fence_operands(pa);
-            stamp_step(j, kStepPvReady);
-            release(&empty_v[s_prev]);
-            if constexpr (!kRescaleInTurn) rescale_o(corr);
-            convert_p();
-          }
-          // Last P V.
-          mbar_wait(&full_v[s], ph);
-          if (kPingPong) named_sync(my_turn, kTurnThreads);
-          fence_operands(o);
-          fence_operands(pa);
-          rescale_in_turn(corr);
-          issue_pv(s);
-          if (kPingPong) named_arrive(other_turn, kTurnThreads);
-          wgmma_wait<0>();
-          fence_operands(o);
-          stamp(kTraceLoopEnd);
-          release(&empty_v[s]);
-          ++it;
+        for (int i = 0; i < kBlockN / 2; ++i) sc[i] = fast_tanh(sc[i] * a.softcap_in);
+      }
+      const int n0 = n * kBlockN;
+      if (!t.mask.tile_fully_visible(t.w.m0, t.rows_end, n0, n0 + kBlockN)) {
+        // visible(row, col) as one range per row: columns [lo, hi) of the
+        // tile relative to this lane's first, n0 + 2 * (lane % 4), so each
+        // element compares a compile-time column with two bounds.
+        // NOTES: per-element visible() took ~6 instructions an element on
+        // every masked (diagonal, window, ragged-end) tile; the ranges gave
+        // causal +9-11% at 2k (d64, d128). Without a window only the ragged
+        // end is cut, with row-independent bounds: computing per-row ones
+        // there too cost the unmasked runs 2-5% (perf-notes).
+        const int col0 = n0 + 2 * (lane % 4);
+        int lo[2], hi[2];
+        if (t.mask.window_left < 0 && t.mask.window_right < 0) {
+          lo[0] = lo[1] = -col0;
+          hi[0] = hi[1] = t.mask.seqlen_k - col0;
         } else {
-          for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
-            const int s = it % kStages;
-            const uint32_t ph = (it / kStages) & 1;
-            mbar_wait(&full_k[s], ph);
-            if (kPingPong) named_sync(my_turn, kTurnThreads);
-            issue_s(s);
-            if (kPingPong) named_arrive(other_turn, kTurnThreads);
-            wgmma_wait<0>();
-            fence_operands(sc);
-            release(&empty_k[s]);
-            if (n == w.n_begin) release(q_empty);
-            float corr[2];
-            softmax(n, corr);
-            rescale_o(corr);
-            convert_p();
-            mbar_wait(&full_v[s], ph);
-            if (kPingPong) named_sync(my_turn, kTurnThreads);
-            fence_operands(o);
-            fence_operands(pa);
-            issue_pv(s);
-            if (kPingPong) named_arrive(other_turn, kTurnThreads);
-            wgmma_wait<0>();
-            fence_operands(o);
-            release(&empty_v[s]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            lo[r] = max(t.mask.first_key(t.row0 + 8 * r), 0) - col0;
+            hi[r] = min(t.mask.end_key(t.row0 + 8 * r), t.mask.seqlen_k) - col0;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = 8 * i + (e & 1), r = e >> 1;
+            if (c < lo[r] || c >= hi[r]) sc[4 * i + e] = -INFINITY;
           }
         }
       }
+      online_softmax(sc, m, l, corr, a.scale_log2);
+    };
+    auto rescale_o = [&]() {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i + 0] *= corr[0];
+        o[4 * i + 1] *= corr[0];
+        o[4 * i + 2] *= corr[1];
+        o[4 * i + 3] *= corr[1];
+      }
+    };
+    // O *= exp(m_old - m_new) of the last softmax inside the turn, while S
+    // runs and before the P V that adds to O (tuning.h, kRescaleInTurn).
+    auto rescale_in_turn = [&]() {
+      if constexpr (kRescaleInTurn) {
+        rescale_o();
+        fence_operands(o);
+      }
+    };
+    auto convert_p = [&]() {
+#pragma unroll
+      for (int kt = 0; kt < kBlockN / 16; ++kt) {
+        pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
+        pa[kt][1] = pack2<T>(sc[8 * kt + 2], sc[8 * kt + 3]);
+        pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
+        pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
+      }
+    };
+    auto release = [&](uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    };
+    // The tile's Q buffer: the producer filled it for the qt-th tile with loads.
+    auto claim_q = [&]() {
+      const int qs = qt % K::kQStages;
+      const uint32_t q_phase = (qt / K::kQStages) & 1;
+      ++qt;
+      q_desc = desc_advance(q_desc0, qs * K::kQBytes);
+      q_empty = &empty_q[qs];
+      mbar_wait(&full_q[qs], q_phase);
+    };
 
-      // ---------------------------------------------------------- epilogue
-      // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
-      // NOTES: with kOTma (not varlen: a TMA box would spill into the next
-      // sequence's rows), O goes to shared memory in the 128B-swizzled layout
-      // of the O tensor map and one thread stores it with TMA, which clips rows
-      // past seqlen_q and columns past head_dim; otherwise straight from
-      // registers (16 bytes per lane after a quad transpose, below). Why TMA
-      // where it fits: ncu of the earlier 4-byte register stores at d128 2k
-      // showed the consumer warps stalled on them (long scoreboard on the
-      // branch after the stores, ~1.5% of samples, none at 16k per unit of
-      // work) and half-filled 32-byte sectors. Measured +1-3% at d128 / d64.
+    // ------------------------------------------------------------ epilogue
+    // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
+    // NOTES: with kOTma (not varlen: a TMA box would spill into the next
+    // sequence's rows), O goes to shared memory in the 128B-swizzled layout
+    // of the O tensor map and one thread stores it with TMA, which clips rows
+    // past seqlen_q and columns past head_dim; otherwise straight from
+    // registers (16 bytes per lane after a quad transpose, below). Why TMA
+    // where it fits: ncu of the earlier 4-byte register stores at d128 2k
+    // showed the consumer warps stalled on them (long scoreboard on the
+    // branch after the stores, ~1.5% of samples, none at 16k per unit of
+    // work) and half-filled 32-byte sectors. Measured +1-3% at d128 / d64.
+    auto finish = [&](const Tile& t) {
+      const TileWork& w = t.w;
       float inv[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -749,8 +697,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       // warpgroup may have stored theirs or not yet).
       bool merged = false;
       if constexpr (kSplit) {
-        if (seg.parts > 1) {
-          if (!merge_split_part<D>(a, seg, cw * 4 + warp, 4 * K::kConsumers, lane, o, m, l)) continue;
+        if (t.seg.parts > 1) {
+          if (!merge_split_part<D>(a, t.seg, cw * 4 + warp, 4 * K::kConsumers, lane, o, m, l)) return;
           merged = true;
 #pragma unroll
           for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
@@ -760,43 +708,21 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       if constexpr (K::kOTma) {
         if (!varlen && !merged) {
           o_stored = true;
-          uint8_t* so = smem + K::kOOff + cw * K::kOBytes;
-          const uint32_t o_bar = K::kOBarrier0 + cw;
-          // The previous tile's store must have read the buffer.
-          if (tid == 0) tma_store_wait_read();
-          named_sync(o_bar, 128);
-          // Row rr of the 64 at byte rr * 128 of each 64-column block; its
-          // 16-byte chunk c sits at chunk c ^ (rr % 8) (the 128B swizzle).
-          // One stmatrix.x4 per 16 columns of the warp's 16 rows (8 at d128,
-          // instead of 32 4-byte stores): matrix q = lane / 8 is rows 8 (q % 2)
-          // .. +7 at chunk i + q / 2; i is even, so that chunk's swizzle is
-          // (i % 8) ^ x with x = (q / 2) ^ (rr % 8) fixed per lane.
-          const int q = lane / 8;
-          const int rr = warp * 16 + (q % 2) * 8 + lane % 8;
-          const uint32_t row_base = smem_addr(so) + rr * 128;
-          const int x = (q / 2) ^ (lane % 8);
+          uint32_t po[D / 4];
 #pragma unroll
           for (int i = 0; i < D / 8; i += 2) {
-            stmatrix_x4(row_base + (i / 8) * 64 * 128 + (((i % 8) ^ x) << 4),
-                        pack2<T>(o[4 * i] * inv[0], o[4 * i + 1] * inv[0]),
-                        pack2<T>(o[4 * i + 2] * inv[1], o[4 * i + 3] * inv[1]),
-                        pack2<T>(o[4 * i + 4] * inv[0], o[4 * i + 5] * inv[0]),
-                        pack2<T>(o[4 * i + 6] * inv[1], o[4 * i + 7] * inv[1]));
+            po[2 * i] = pack2<T>(o[4 * i] * inv[0], o[4 * i + 1] * inv[0]);
+            po[2 * i + 1] = pack2<T>(o[4 * i + 2] * inv[1], o[4 * i + 3] * inv[1]);
+            po[2 * i + 2] = pack2<T>(o[4 * i + 4] * inv[0], o[4 * i + 5] * inv[0]);
+            po[2 * i + 3] = pack2<T>(o[4 * i + 6] * inv[1], o[4 * i + 7] * inv[1]);
           }
-          fence_proxy_async_smem();
-          named_sync(o_bar, 128);
           const int wg_row0 = w.m0 + cw * 64;
-          if (tid == 0 && wg_row0 < w.seq.seqlen_q) {
-#pragma unroll
-            for (int c = 0; c < K::kColBlocks; ++c)
-              if (c * 64 < p.head_dim) tma_store_4d(&tma_o, so + c * 64 * 128, c * 64, wg_row0, w.h, w.b);
-            tma_store_commit();
-          }
+          store_o_tma(po, wg_row0 < w.seq.seqlen_q ? wg_row0 : -1, w.h, w.b);
         }
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = row0 + 8 * r;
+        const int row = t.row0 + 8 * r;
         const bool row_ok = row < w.seq.seqlen_q;
         if (!o_stored) {
           // NOTES: the 4 lanes of a quad hold 8 consecutive columns of a row
@@ -828,7 +754,186 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
               l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
         }
       }
+    };
+    // A new tile's row state; O is zeroed only where no wgmma is in flight
+    // (ptxas serializes every wgmma otherwise, C7515).
+    auto reset_rows = [&]() {
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    };
+
+    int it = 0;      // K/V stages consumed so far, as the producer fills them
+    int traced = 0;  // tiles so far (trace.h)
+    int step = 0;
+    Tile cur;
+    bool have = next_tile(step, cur);
+    // cur's first key tile already through S and the softmax (kCrossTile: by
+    // the previous tile's last turn).
+    bool primed = false;
+    reset_rows();
+    while (have) {
+      const int ti = traced++;
+      auto stamp = [&](TraceEvent e) {
+        if constexpr (!kSplit) trace(ti, cw, tid, e);  // the main kernel's tiles only
+      };
+      auto stamp_step = [&](int j, TraceStep e) {
+        if constexpr (!kSplit) trace_step(ti, cw, tid, j, e);
+      };
+      stamp(kTraceTileStart);
+      const TileWork& w = cur.w;
+      int step_next = step + 1;
+      Tile nxt;
+      bool have_next = false;
+      bool fused = false;  // this tile's last turn issued the next tile's first S
+      if (w.n_end > w.n_begin) {
+        if constexpr (K::Tune::kIntraWgOverlap) {
+          int n = w.n_end - 1;
+          int s = it % kStages;
+          uint32_t ph = (it / kStages) & 1;
+          if (!primed) {
+            // Prologue: S and P of the first (highest) key tile.
+            claim_q();
+            stamp(kTraceQReady);
+            mbar_wait(&full_k[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            issue_s(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(sc);
+            stamp(kTraceFirstS);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(q_empty);
+            softmax(cur, n);
+            convert_p();
+          }
+          // Steady state: S(n) runs on the tensor cores with P(n+1) V(n+1)
+          // while the previous wait/softmax finishes; softmax(n) overlaps P V.
+          for (--n; n >= w.n_begin; --n) {
+            const int j = w.n_end - 2 - n;  // key tiles done so far, for the trace
+            stamp_step(j, kStepTop);
+            const int s_prev = s;
+            const uint32_t ph_prev = ph;
+            ++it;
+            s = it % kStages;
+            ph = (it / kStages) & 1;
+            mbar_wait(&full_k[s], ph);
+            mbar_wait(&full_v[s_prev], ph_prev);
+            stamp_step(j, kStepLoaded);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            stamp_step(j, kStepTurn);
+            fence_operands(o);
+            fence_operands(pa);
+            issue_s(s);
+            rescale_in_turn();
+            issue_pv(s_prev);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            stamp_step(j, kStepIssued);
+            wgmma_wait<1>();
+            fence_operands(sc);
+            stamp_step(j, kStepSReady);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(q_empty);
+            softmax(cur, n);
+            stamp_step(j, kStepSoftmax);
+            wgmma_wait<0>();
+            fence_operands(o);
+            fence_operands(pa);
+            stamp_step(j, kStepPvReady);
+            release(&empty_v[s_prev]);
+            if constexpr (!kRescaleInTurn) rescale_o();
+            convert_p();
+          }
+          // Last P V.
+          if constexpr (kCrossTile) {
+            have_next = next_tile(step_next, nxt);
+            fused = have_next && nxt.w.n_end > nxt.w.n_begin;
+          }
+          mbar_wait(&full_v[s], ph);
+          // NOTES: the fused and plain last turns are written out separately:
+          // with the S issue and its wait under `if (fused)` inside one shared
+          // sequence, S's accumulators are in flight across a merge of control
+          // flow and ptxas serializes every wgmma of the kernel (C7515; 17-32%
+          // slower, session9.md 5).
+          if (fused) {
+            // With the next tile's first S = Q K^T: its Q and K wait here.
+            const int s_next = (it + 1) % kStages;
+            const uint32_t ph_next = ((it + 1) / kStages) & 1;
+            claim_q();
+            mbar_wait(&full_k[s_next], ph_next);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            rescale_in_turn();
+            issue_pv(s);
+            issue_s(s_next);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<1>();
+            fence_operands(o);
+            stamp(kTraceLoopEnd);
+            release(&empty_v[s]);
+            ++it;
+            finish(cur);
+            wgmma_wait<0>();
+            fence_operands(sc);
+            reset_rows();
+            release(&empty_k[s_next]);
+            if (nxt.w.n_end - 1 == nxt.w.n_begin) release(q_empty);
+            softmax(nxt, nxt.w.n_end - 1);
+            convert_p();
+          } else {
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            rescale_in_turn();
+            issue_pv(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(o);
+            stamp(kTraceLoopEnd);
+            release(&empty_v[s]);
+            ++it;
+          }
+        } else {
+          claim_q();
+          for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
+            const int s = it % kStages;
+            const uint32_t ph = (it / kStages) & 1;
+            mbar_wait(&full_k[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            issue_s(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(sc);
+            release(&empty_k[s]);
+            if (n == w.n_begin) release(q_empty);
+            softmax(cur, n);
+            rescale_o();
+            convert_p();
+            mbar_wait(&full_v[s], ph);
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            issue_pv(s);
+            if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            wgmma_wait<0>();
+            fence_operands(o);
+            release(&empty_v[s]);
+          }
+        }
+      }
+      // (A tile with no visible key stores O = 0 and logsumexp -inf.)
+      if (!fused) {
+        finish(cur);
+        reset_rows();
+        if (!kCrossTile || w.n_end <= w.n_begin) have_next = next_tile(step_next, nxt);
+      }
       stamp(kTraceTileEnd);
+      primed = fused;
+      cur = nxt;
+      step = step_next;
+      have = have_next;
     }
     // Balance the ping-pong: the last warpgroup's final hand-over to warpgroup
     // 0 is consumed here, so no arrival is left pending on a hardware barrier.

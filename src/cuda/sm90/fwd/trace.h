@@ -6,7 +6,8 @@
 // own SM clock: compare stamps within a CTA only); the host reads them with
 // flashattn_sm90_fwd_trace_<D>() (bench/trace_sm90_fwd.py; head dims 128 and
 // 256). The first-S and loop-end stamps are in the intra-warpgroup-overlap
-// path only (the shipped one, tuning.h's kIntraWgOverlap).
+// path only (the shipped one, tuning.h's kIntraWgOverlap); a tile primed by
+// the previous one's last turn (kCrossTile) has no Q-ready or first-S stamp.
 #pragma once
 
 #include <cstdint>

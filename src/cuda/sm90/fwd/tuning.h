@@ -31,6 +31,10 @@
 //   kRescaleInTurn  O *= exp(m_old - m_new) runs inside the turn, between
 //             issuing S = Q K^T and O += P V (which needs it), instead of after
 //             the softmax (the same for every head dim; NOTES below).
+//   kCrossTile  with two Q buffers, a tile's last P V and the next tile's
+//             first S = Q K^T are issued in one ping-pong turn, and the tile's
+//             epilogue (O / l, its store, the logsumexp) runs while that S is
+//             on the tensor cores (NOTES below).
 //   kEarlyQ   with two Q buffers, the producer requests the next tile's Q
 //             after the current tile's first kStages - 1 K/V tiles instead
 //             of after all of them (kernel.cuh says why that never waits).
@@ -95,6 +99,9 @@
 #ifndef FLASHATTN_SM90_QSTAGES_64
 #define FLASHATTN_SM90_QSTAGES_64 2
 #endif
+#ifndef FLASHATTN_SM90_LONG_KEYS_128
+#define FLASHATTN_SM90_LONG_KEYS_128 8192
+#endif
 #ifndef FLASHATTN_SM90_STAGES_128
 #define FLASHATTN_SM90_STAGES_128 2
 #endif
@@ -122,6 +129,9 @@
 #ifndef FLASHATTN_SM90_EARLY_Q
 #define FLASHATTN_SM90_EARLY_Q 1
 #endif
+#ifndef FLASHATTN_SM90_CROSS_TILE
+#define FLASHATTN_SM90_CROSS_TILE 1
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -134,7 +144,10 @@ namespace flashattn::cuda::sm90 {
 // (+2.5%). A/B in one process (bench/sm90_fwd_ab.py, split / unsplit): 1k-4k
 // -1..-5% (d128, d256); 8k +2.0/+5.6% (d128, two runs), +2.9/+2.8% (d256);
 // 16k -1.5/+1.5% (d128), -0.4/+4.4% (d256). Hence only from 8192 keys.
-inline constexpr int kSplitTailMinKeys = 8192;
+#ifndef FLASHATTN_SM90_SPLIT_TAIL_MIN_KEYS
+#define FLASHATTN_SM90_SPLIT_TAIL_MIN_KEYS 8192
+#endif
+inline constexpr int kSplitTailMinKeys = FLASHATTN_SM90_SPLIT_TAIL_MIN_KEYS;
 
 // Registers per producer thread. setmaxnreg moves registers within what the
 // CTA got at launch: 384 threads (two consumer warpgroups) launch at 168 each
@@ -169,6 +182,25 @@ inline constexpr bool kHeadMajor = FLASHATTN_SM90_HEAD_MAJOR;
 // +1..+5.5%); 2k-4k within the spread, 0.97..1.05. Same for every head dim.
 inline constexpr bool kRescaleInTurn = FLASHATTN_SM90_RESCALE_IN_TURN;
 
+// NOTES (kCrossTile, session 14): at d128 2k the tile boundary (first S and
+// its wait, first softmax, last P V, epilogue) was 12% of the consumers' warp
+// samples against cuDNN's 4% (ncu source view, session13.md 13): with one
+// turn per boundary fewer, the first S's wait and the epilogue overlap the
+// tensor cores' work. Sessions 3, 5 and 9 built it without a gain; this form
+// keeps O zeroed only after the fused turn's S has completed (no accumulator
+// written with a wgmma in flight: no C7515) and the steady-state loop
+// untouched (the same code for a primed tile and a first one). A/B in one
+// process (bench/sm90_fwd_ab.py, 10 rounds of 200 ms, bf16, H100,
+// session14.md): d128 non-causal 1k/2k/4k 0.995/1.023/1.035, causal
+// 1.003/1.004/1.015; d64 within +-2% (5 rounds). Sustained 3 s runs at the
+// 700 W cap: d128 2k 561-563 vs 559 TFLOP/s, 4k 591-595 vs 574-579. ncu
+// cycles (locked clocks) 2k 742.5k vs 744.1k, 4k 1405k vs 1415k: the gain is
+// mostly power (clock 1575-1680 vs 1515-1650 MHz), not cycles.
+// An L2 prefetch of the next tile's first two K/V tiles (its first loads
+// miss to DRAM: every tile starts a new head) gained nothing with or without
+// the fused turn (0.97-1.01).
+inline constexpr bool kCrossTileDefault = FLASHATTN_SM90_CROSS_TILE;
+
 template <int HeadDim>
 struct ForwardTuning;
 
@@ -188,6 +220,7 @@ struct ForwardTuning<64> {
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kCrossTile = kCrossTileDefault;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
   static constexpr bool kSplitTail = false;  // meets its target without
@@ -219,8 +252,9 @@ struct ForwardTuning<128> {
   static constexpr int kConsumers = 2, kCausalConsumers = 2;
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_128, kStages = FLASHATTN_SM90_STAGES_128;
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
-  static constexpr int kLongBlockN = FLASHATTN_SM90_LONG_BLOCKN_128, kLongKeys = 8192;
+  static constexpr int kLongBlockN = FLASHATTN_SM90_LONG_BLOCKN_128, kLongKeys = FLASHATTN_SM90_LONG_KEYS_128;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kCrossTile = kCrossTileDefault;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
   static constexpr bool kSplitTail = FLASHATTN_SM90_SPLIT_TAIL;
@@ -240,6 +274,7 @@ struct ForwardTuning<192> {
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kCrossTile = false;  // one Q buffer
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
   static constexpr bool kSplitTail = false;  // no target at d 192
@@ -261,6 +296,7 @@ struct ForwardTuning<256> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kCrossTile = false;  // one Q buffer
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
   static constexpr bool kSplitTail = FLASHATTN_SM90_SPLIT_TAIL;
