@@ -450,24 +450,33 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
         const bool have_next = next_tile(step_next, wn);
         const int hk = w.h / group;
         int loaded = 0;
+        // K or V of key tile n into the stage of the i-th key tile walked.
+        auto load_kv = [&](bool is_k, int i, int n) {
+          const int s = i % kStages;
+          const uint32_t ph = (i / kStages) & 1;
+          uint64_t* full = is_k ? &full_k[s] : &full_v[s];
+          mbar_wait(is_k ? &empty_k[s] : &empty_v[s], ph ^ 1);
+          mbar_arrive_expect_tx(full, K::kKVBytes);
+          T* dst = (is_k ? sK : sV) + s * K::kColBlocks * kBlockN * 64;
+#pragma unroll
+          for (int c = 0; c < K::kColBlocks; ++c)
+            tma_load_4d(dst + c * kBlockN * 64, is_k ? &tma_k : &tma_v, full, c * 64,
+                        w.row_k0 + n * kBlockN, hk, w.bq);
+        };
+        // NOTES (kKAhead): K of key tile n is requested before V of tile n + 1
+        // (the one walked before it): K's stage frees when S = Q K^T of two
+        // tiles back completes, V's only when that tile's P V has, so K no
+        // longer waits behind V's release and gets about half a period more lead.
         for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
-          const int s = it % kStages;
-          const uint32_t ph = (it / kStages) & 1;
-          const int row_k = w.row_k0 + n * kBlockN;
-          mbar_wait(&empty_k[s], ph ^ 1);
-          mbar_arrive_expect_tx(&full_k[s], K::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < K::kColBlocks; ++c)
-            tma_load_4d(sK + (s * K::kColBlocks + c) * kBlockN * 64, &tma_k, &full_k[s], c * 64,
-                        row_k, hk, w.bq);
-          mbar_wait(&empty_v[s], ph ^ 1);
-          mbar_arrive_expect_tx(&full_v[s], K::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < K::kColBlocks; ++c)
-            tma_load_4d(sV + (s * K::kColBlocks + c) * kBlockN * 64, &tma_v, &full_v[s], c * 64,
-                        row_k, hk, w.bq);
+          load_kv(true, it, n);
+          if (!K::Tune::kKAhead) {
+            load_kv(false, it, n);
+          } else if (n < w.n_end - 1) {
+            load_kv(false, it - 1, n + 1);
+          }
           if (++loaded == kQLead && have_next) issue_q(wn);
         }
+        if (K::Tune::kKAhead && loaded > 0) load_kv(false, it - 1, w.n_begin);
         if (loaded < kQLead && have_next) issue_q(wn);
         w = wn;
         step = step_next;

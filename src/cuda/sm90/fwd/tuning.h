@@ -35,6 +35,13 @@
 //             first S = Q K^T are issued in one ping-pong turn, and the tile's
 //             epilogue (O / l, its store, the logsumexp) runs while that S is
 //             on the tensor cores (NOTES below).
+//   kKAhead   the producer requests K of a key tile before V of the tile
+//             walked before it (kernel.cuh's NOTES): K's lead grows from about
+//             one key-tile period to about one and a half. A/B in one process
+//             (bench/sm90_fwd_ab.py, 8 rounds, bf16, H100, session14.md):
+//             2k/4k/8k d128 +1.0/+2.4/+2.9% non-causal, -0.7/+2.4/+3.0%
+//             causal; d256 +2.1/+1.8/+0.6%, -0.9/0/+2.3%; d64 +1.2/0/+0.9%,
+//             -0.6/0/+0.7%.
 //   kEarlyQ   with two Q buffers, the producer requests the next tile's Q
 //             after the current tile's first kStages - 1 K/V tiles instead
 //             of after all of them (kernel.cuh says why that never waits).
@@ -129,6 +136,9 @@
 #ifndef FLASHATTN_SM90_EARLY_Q
 #define FLASHATTN_SM90_EARLY_Q 1
 #endif
+#ifndef FLASHATTN_SM90_K_AHEAD
+#define FLASHATTN_SM90_K_AHEAD 1
+#endif
 #ifndef FLASHATTN_SM90_CROSS_TILE
 #define FLASHATTN_SM90_CROSS_TILE 1
 #endif
@@ -220,6 +230,7 @@ struct ForwardTuning<64> {
   static constexpr int kBlockN = 128, kStages = 4, kQStages = FLASHATTN_SM90_QSTAGES_64;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kKAhead = FLASHATTN_SM90_K_AHEAD;
   static constexpr bool kCrossTile = kCrossTileDefault;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
@@ -254,6 +265,7 @@ struct ForwardTuning<128> {
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_128;
   static constexpr int kLongBlockN = FLASHATTN_SM90_LONG_BLOCKN_128, kLongKeys = FLASHATTN_SM90_LONG_KEYS_128;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kKAhead = FLASHATTN_SM90_K_AHEAD;
   static constexpr bool kCrossTile = kCrossTileDefault;
   static constexpr bool kOTma = FLASHATTN_SM90_O_TMA;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
@@ -274,6 +286,7 @@ struct ForwardTuning<192> {
   static constexpr int kQStages = FLASHATTN_SM90_QSTAGES_192;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kKAhead = FLASHATTN_SM90_K_AHEAD;
   static constexpr bool kCrossTile = false;  // one Q buffer
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
@@ -296,6 +309,7 @@ struct ForwardTuning<256> {
   static constexpr int kBlockN = FLASHATTN_SM90_BLOCKN_256, kStages = 2, kQStages = 1;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kEarlyQ = FLASHATTN_SM90_EARLY_Q;
+  static constexpr bool kKAhead = FLASHATTN_SM90_K_AHEAD;
   static constexpr bool kCrossTile = false;  // one Q buffer
   static constexpr bool kOTma = false;
   static constexpr bool kIntraWgOverlap = FLASHATTN_SM90_OVERLAP, kPingPong = FLASHATTN_SM90_PINGPONG;
