@@ -19,6 +19,7 @@ import argparse
 import datetime
 import os
 import shlex
+import statistics
 import sys
 
 import torch
@@ -109,6 +110,9 @@ def main():
     ap.add_argument("--impls", default="ours,fa2,cudnn")
     ap.add_argument("--sm80", action="store_true",
                     help="time the sm80 (mma.sync) kernels on every GPU (sets FLASHATTN_DISABLE_SM90=1)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every implementation this many times per shape, the order rotated "
+                         "by one each round, and report each one's median (1: one pass, ours first)")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/<date>-<device>-<mode>.md)")
     args = ap.parse_args()
 
@@ -128,17 +132,24 @@ def main():
             for s in (int(x) for x in args.seqlens.split(",")):
                 h, b = HIDDEN // d, TOKENS // s
                 fns, check = make_fns(b, h, s, d, causal, args.backward)
-                tf = {}
-                for name in impls:
-                    try:
-                        fwd, fwd_bwd = fns[name]
-                        t = time_ms(fwd)
-                        if args.backward:
-                            t = time_ms(fwd_bwd) - t
-                        tf[name] = flops(b, h, s, d, causal, args.backward) / (t * 1e-3) / 1e12
-                    except Exception as e:  # a backend that refuses a shape: say so, keep going
-                        print(f"<!-- {name} d={d} s={s} {mask}: {type(e).__name__}: {e} -->", flush=True)
-                        tf[name] = float("nan")
+                # NOTES (--rounds): the GPU runs at its power cap on most shapes, so its clock
+                # depends on what ran just before; a fixed order times ours right after the
+                # previous shape's cuDNN and cuDNN right after FA2 (the coolest). Rotating the
+                # order and taking medians spreads that over every implementation.
+                times = {name: [] for name in impls}
+                for r in range(args.rounds):
+                    for name in impls[r % len(impls):] + impls[:r % len(impls)]:
+                        try:
+                            fwd, fwd_bwd = fns[name]
+                            t = time_ms(fwd)
+                            if args.backward:
+                                t = time_ms(fwd_bwd) - t
+                            times[name].append(t)
+                        except Exception as e:  # a backend that refuses a shape: say so, keep going
+                            print(f"<!-- {name} d={d} s={s} {mask}: {type(e).__name__}: {e} -->", flush=True)
+                            times[name].append(float("nan"))
+                tf = {name: flops(b, h, s, d, causal, args.backward) / (statistics.median(t) * 1e-3) / 1e12
+                      for name, t in times.items()}
                 cells = [f"{tf[n]:.0f}" for n in impls]
                 if "ours" in impls:
                     r_fa2 = tf["ours"] / tf.get("fa2", float("nan"))
@@ -166,7 +177,9 @@ def main():
         f.write(f"# {mode} TFLOP/s, bf16, {TOKENS} tokens, hidden {HIDDEN}\n\n")
         f.write(f"- device: {dev}\n- date: {date}\n- commit: {commit}\n- torch {torch.__version__}, "
                 f"cuDNN {torch.backends.cudnn.version()}\n- command: `{cmd}`\n"
-                f"- timing: triton.testing.do_bench median (warmup 100 ms, rep 500 ms)\n\n")
+                f"- timing: triton.testing.do_bench median (warmup 100 ms, rep 500 ms)" +
+                (f"; {args.rounds} rounds per shape, order rotated each round, median of the rounds"
+                 if args.rounds > 1 else "") + "\n\n")
         f.write(header + "\n" + "|" + "---|" * (header.count("|") - 1) + "\n")
         f.write("\n".join(rows) + "\n")
     print(f"\nwrote {out}")

@@ -207,8 +207,9 @@ inline constexpr bool kRescaleInTurn = FLASHATTN_SM90_RESCALE_IN_TURN;
 // cycles (locked clocks) 2k 742.5k vs 744.1k, 4k 1405k vs 1415k: the gain is
 // mostly power (clock 1575-1680 vs 1515-1650 MHz), not cycles.
 // An L2 prefetch of the next tile's first two K/V tiles (its first loads
-// miss to DRAM: every tile starts a new head) gained nothing with or without
-// the fused turn (0.97-1.01).
+// miss to DRAM: every tile starts a new head) gained nothing: 0.93-1.02 of
+// the fused-turn kernel without it, 0.97-1.06 of the kernel before (the
+// spread of those runs, session14.md 1 and 4).
 inline constexpr bool kCrossTileDefault = FLASHATTN_SM90_CROSS_TILE;
 
 template <int HeadDim>
