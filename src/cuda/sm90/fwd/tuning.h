@@ -250,7 +250,10 @@ struct ForwardTuning<64> {
 // O stored from registers and 128-key tiles): 0.978-1.000 of the same without
 // it (one Q buffer, register O), which was itself 0.977-1.008 of the shipped
 // build at 1k-4k (A/B, 5 rounds, session13.md 11): the consumers' waits for
-// K/V in the trace are not what the period is made of.
+// K/V in the trace are not what the period is made of. Session 14, with the
+// cross-tile turn and K ahead of V: a V or K ring of 3 (two Q buffers, O from
+// registers: 224 KB) 0.98-1.02; 160-key tiles (the same room) 2k level, 1k
+// -6.5%, causal 2k -4.6% (session14.md 9, 12).
 // Long keys (the middle row sees >= 8192: non-causal from 8k, causal from
 // 16k): 176-key tiles (FA3's width), one Q buffer and O stored from registers
 // (32 + 2 * 2 * 44 = 208 KB): a third fewer key tiles, so fewer per-tile max
