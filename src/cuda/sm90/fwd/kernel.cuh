@@ -357,6 +357,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
   constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+  // The K/V ring stage of the i-th key tile walked, and its phase parity.
+  auto ring_stage = [](int i) { return i % kStages; };
+  auto ring_phase = [](int i) { return static_cast<uint32_t>(i / kStages) & 1; };
 
   const int wg = warpgroup_index();
   if constexpr (!kSplit) {
@@ -452,8 +455,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
         int loaded = 0;
         // K or V of key tile n into the stage of the i-th key tile walked.
         auto load_kv = [&](bool is_k, int i, int n) {
-          const int s = i % kStages;
-          const uint32_t ph = (i / kStages) & 1;
+          const int s = ring_stage(i);
+          const uint32_t ph = ring_phase(i);
           uint64_t* full = is_k ? &full_k[s] : &full_v[s];
           mbar_wait(is_k ? &empty_k[s] : &empty_v[s], ph ^ 1);
           mbar_arrive_expect_tx(full, K::kKVBytes);
@@ -799,8 +802,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       if (w.n_end > w.n_begin) {
         if constexpr (K::Tune::kIntraWgOverlap) {
           int n = w.n_end - 1;
-          int s = it % kStages;
-          uint32_t ph = (it / kStages) & 1;
+          int s = ring_stage(it);
+          uint32_t ph = ring_phase(it);
           if (!primed) {
             // Prologue: S and P of the first (highest) key tile.
             claim_q();
@@ -825,8 +828,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             const int s_prev = s;
             const uint32_t ph_prev = ph;
             ++it;
-            s = it % kStages;
-            ph = (it / kStages) & 1;
+            s = ring_stage(it);
+            ph = ring_phase(it);
             mbar_wait(&full_k[s], ph);
             mbar_wait(&full_v[s_prev], ph_prev);
             stamp_step(j, kStepLoaded);
@@ -860,6 +863,14 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             fused = have_next && nxt.w.n_end > nxt.w.n_begin;
           }
           mbar_wait(&full_v[s], ph);
+          // The last turn's start: O rescaled and the last P V issued.
+          auto take_turn_issue_last_pv = [&]() {
+            if (kPingPong) named_sync(my_turn, kTurnThreads);
+            fence_operands(o);
+            fence_operands(pa);
+            rescale_in_turn();
+            issue_pv(s);
+          };
           // NOTES: the fused and plain last turns are written out separately:
           // with the S issue and its wait under `if (fused)` inside one shared
           // sequence, S's accumulators are in flight across a merge of control
@@ -867,15 +878,11 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
           // slower, session9.md 5).
           if (fused) {
             // With the next tile's first S = Q K^T: its Q and K wait here.
-            const int s_next = (it + 1) % kStages;
-            const uint32_t ph_next = ((it + 1) / kStages) & 1;
+            const int s_next = ring_stage(it + 1);
+            const uint32_t ph_next = ring_phase(it + 1);
             claim_q();
             mbar_wait(&full_k[s_next], ph_next);
-            if (kPingPong) named_sync(my_turn, kTurnThreads);
-            fence_operands(o);
-            fence_operands(pa);
-            rescale_in_turn();
-            issue_pv(s);
+            take_turn_issue_last_pv();
             issue_s(s_next);
             if (kPingPong) named_arrive(other_turn, kTurnThreads);
             wgmma_wait<1>();
@@ -892,11 +899,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             softmax(nxt, nxt.w.n_end - 1);
             convert_p();
           } else {
-            if (kPingPong) named_sync(my_turn, kTurnThreads);
-            fence_operands(o);
-            fence_operands(pa);
-            rescale_in_turn();
-            issue_pv(s);
+            take_turn_issue_last_pv();
             if (kPingPong) named_arrive(other_turn, kTurnThreads);
             wgmma_wait<0>();
             fence_operands(o);
@@ -907,8 +910,8 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
         } else {
           claim_q();
           for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
-            const int s = it % kStages;
-            const uint32_t ph = (it / kStages) & 1;
+            const int s = ring_stage(it);
+            const uint32_t ph = ring_phase(it);
             mbar_wait(&full_k[s], ph);
             if (kPingPong) named_sync(my_turn, kTurnThreads);
             issue_s(s);
