@@ -188,12 +188,6 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const AttentionParams& p, c
   return w;
 }
 
-__device__ __forceinline__ float bwd_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Orders this thread's generic-proxy global accesses with its async-proxy
 // (TMA) ones.
 __device__ __forceinline__ void fence_proxy_async_global() {
@@ -492,7 +486,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         const float2 lse2 = lse_of(i);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          st[4 * i + e] = bwd_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+          st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
         }
       }
       if (!full_tile) {

@@ -40,6 +40,7 @@
 #include "core/mask.h"
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cuda/common/mma.h"
 #include "cuda/sm90/arch.h"
 #include "cuda/sm90/fwd/launch.h"
 #include "cuda/sm90/fwd/schedule.h"
@@ -173,14 +174,9 @@ __device__ __forceinline__ bool work_at(const AttentionParams& p, const FwdArgs&
   }
 }
 
-// 2^x in one MUFU.EX2 (exp2f adds a range check and a rescale per element for
-// denormal results, ~4 extra instructions on the softmax's critical path);
-// flushes denormal results to 0, and 2^-inf = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x: cuda::fast_exp2 (common/mma.h), one MUFU.EX2. exp2f adds a range check
+// and a rescale per element for denormal results, ~4 extra instructions on
+// the softmax's critical path; this flushes them to 0, and 2^-inf = 0.
 
 // tanh(x) = 1 - 2 / (2^(2x log2 e) + 1): one ex2 and one fast reciprocal, no
 // branch. libm's tanhf branches on |x|: the softcap pass was 1026 SASS
