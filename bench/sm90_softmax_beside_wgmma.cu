@@ -21,14 +21,11 @@
 #include <vector>
 
 #include "cuda/sm90/fwd/kernel.cuh"
+#include "sm90_fwd_wgmmas.cuh"
 
 using namespace flashattn::cuda::sm90;
-using T = __nv_bfloat16;
+using namespace fwd_wgmmas;
 
-constexpr int kN = 128, kD = 128;
-constexpr int kQBytes = 128 * kD * 2;
-constexpr int kKVBytes = kN * kD * 2;
-constexpr int kSmem = kQBytes + 2 * kKVBytes + 1024;
 constexpr int kSoftIters = 2048, kBatches = 1024;
 
 enum Tensor { kNone = 0, kS = 1, kPV = 2, kQueueFull = 4 };
@@ -37,10 +34,8 @@ enum Timed { kTimeSoftmax = 0, kTimeTensor = 1 };
 __global__ void __launch_bounds__(256, 1)
     probe_kernel(int tensor_mode, int softmax_on, int timed, long long* cycles, float* sink) {
   extern __shared__ uint8_t raw[];
-  uint8_t* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+  uint8_t* smem = fill_operands(raw);
   __shared__ volatile int done;
-  for (int i = threadIdx.x; i < (kQBytes + 2 * kKVBytes) / 2; i += blockDim.x)
-    reinterpret_cast<T*>(smem)[i] = __float2bfloat16(((i * 37) % 17 - 8) * (1.0f / 64));
   if (threadIdx.x == 0) done = 0;
   __syncthreads();
   const int wg = warpgroup_index();
@@ -67,15 +62,8 @@ __global__ void __launch_bounds__(256, 1)
     acc = l[0] + l[1] + __uint_as_float(pa[0][0]);
   } else {
     // The tensor warpgroup.
-    const uint64_t q_desc = make_smem_desc_sw128(smem_addr(smem), 16, 1024);
-    const uint64_t k_desc = make_smem_desc_sw128(smem_addr(smem + kQBytes), 16, 1024);
-    const uint64_t v_desc = make_smem_desc_sw128(smem_addr(smem + kQBytes + kKVBytes), kN * 128, 1024);
-    float s[kN / 2], o[kD / 2];
-    uint32_t pa[kN / 16][4];
-    for (int i = 0; i < kN / 2; ++i) s[i] = 0.0f;
-    for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-    for (int i = 0; i < kN / 16; ++i)
-      for (int j = 0; j < 4; ++j) pa[i][j] = 0x3c003c00u + threadIdx.x + i + j;
+    Operands op;
+    op.init(smem, 0);
     // Whether to go on, the same for all four warps (wgmma is warpgroup-wide).
     __shared__ int go;
     auto keep_going = [&](int b) {
@@ -87,31 +75,19 @@ __global__ void __launch_bounds__(256, 1)
     };
     const long long t0 = clock64();
     for (int b = 0; keep_going(b); ++b) {
-      wgmma_fence();
-      if (tensor_mode & kS) {
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk)
-          WgmmaSS<kN, T>::run(s, desc_advance(q_desc, (kk / 4) * 128 * 128 + (kk % 4) * 32),
-                              desc_advance(k_desc, (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
-      }
-      if (tensor_mode & kPV) {
-#pragma unroll
-        for (int kt = 0; kt < kN / 16; ++kt) WgmmaRS<kD, T>::run(o, pa[kt], desc_advance(v_desc, kt * 16 * 128), 1);
-      }
-      wgmma_commit();
+      op.issue(tensor_mode & kS, tensor_mode & kPV);
       if (tensor_mode & kQueueFull) {
         wgmma_wait<1>();  // the next batch issued while this one runs: issue stalls on a full queue
       } else {
         wgmma_wait<0>();
-        fence_operands(s);
-        fence_operands(o);
+        fence_operands(op.s);
+        fence_operands(op.o);
       }
     }
     wgmma_wait<0>();
     t = clock64() - t0;
     if (timed == kTimeTensor && threadIdx.x == 128) done = 1;
-    for (int i = 0; i < kN / 2; ++i) acc += s[i];
-    for (int i = 0; i < kD / 2; ++i) acc += o[i];
+    acc = op.sum();
   }
   sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
   if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 2 + wg] = t;

@@ -20,65 +20,34 @@
 #include <cstdio>
 #include <vector>
 
-#include "cuda/sm90/wgmma.h"
+#include "sm90_fwd_wgmmas.cuh"
 
 using namespace flashattn::cuda::sm90;
-using T = __nv_bfloat16;
+using namespace fwd_wgmmas;
 
-constexpr int kN = 128, kD = 128;                      // key tile, head dim
-constexpr int kQBytes = 128 * kD * 2;                  // two warpgroups' 64 rows
-constexpr int kKVBytes = kN * kD * 2;
-constexpr int kSmem = kQBytes + 2 * kKVBytes + 1024;  // Q, K, V (+ alignment)
 constexpr int kIters = 4096;
 constexpr int kMaxWarpgroups = 2;  // warpgroups of 128 threads per CTA at most
 
 enum Mode { kS = 1, kPV = 2 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) rate_kernel(int mode, int wgs, long long* cycles, float* sink) {
   extern __shared__ uint8_t raw[];
-  uint8_t* smem = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
-  // Small nonzero operands (zeros could let the datapath idle and flatter the rate).
-  for (int i = threadIdx.x; i < (kQBytes + 2 * kKVBytes) / 2; i += blockDim.x)
-    reinterpret_cast<T*>(smem)[i] = __float2bfloat16(((i * 37) % 17 - 8) * (1.0f / 64));
+  uint8_t* smem = fill_operands(raw);
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg >= wgs) return;
-  const uint64_t q_desc = make_smem_desc_sw128(smem_u32(smem) + wg * 64 * 128, 16, 1024);
-  const uint64_t k_desc = make_smem_desc_sw128(smem_u32(smem + kQBytes), 16, 1024);
-  const uint64_t v_desc = make_smem_desc_sw128(smem_u32(smem + kQBytes + kKVBytes), kN * 128, 1024);
-  float s[kN / 2], o[kD / 2];
-  uint32_t pa[kN / 16][4];
-  for (int i = 0; i < kN / 2; ++i) s[i] = 0.0f;
-  for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-  for (int i = 0; i < kN / 16; ++i)
-    for (int j = 0; j < 4; ++j) pa[i][j] = 0x3c003c00u + threadIdx.x + i + j;  // bf16 pairs near 2^-7
+  Operands op;
+  op.init(smem, wg);
   asm volatile("bar.sync 1, %0;" ::"r"(128 * wgs));
   const long long t0 = clock64();
   for (int it = 0; it < kIters; ++it) {
-    wgmma_fence();
-    if (mode & kS) {
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        WgmmaSS<kN, T>::run(s, desc_advance(q_desc, (kk / 4) * 128 * 128 + (kk % 4) * 32),
-                            desc_advance(k_desc, (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
-    }
-    if (mode & kPV) {
-#pragma unroll
-      for (int kt = 0; kt < kN / 16; ++kt) WgmmaRS<kD, T>::run(o, pa[kt], desc_advance(v_desc, kt * 16 * 128), 1);
-    }
-    wgmma_commit();
+    op.issue(mode & kS, mode & kPV);
     wgmma_wait<0>();
-    fence_operands(s);
-    fence_operands(o);
+    fence_operands(op.s);
+    fence_operands(op.o);
   }
   const long long t1 = clock64();
-  float acc = 0.0f;
-  for (int i = 0; i < kN / 2; ++i) acc += s[i];
-  for (int i = 0; i < kD / 2; ++i) acc += o[i];
+  const float acc = op.sum();
   sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
   if (threadIdx.x % 128 == 0) cycles[blockIdx.x * kMaxWarpgroups + wg] = t1 - t0;
 }
