@@ -904,6 +904,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             ++it;
           }
         } else {
+          // (Each key tile's S and softmax below repeat the overlapped walk's
+          // prologue; one shared lambda changed the shipped kernels' SASS and
+          // cost ~1% in an A/B, session15.md 12, so the variant keeps its copy.)
           claim_q();
           for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
             const int s = ring_stage(it);
