@@ -70,6 +70,22 @@ struct Operands {
     flashattn::cuda::sm90::wgmma_commit();
   }
 
+  // S and O += P V as one committed group, their wgmmas alternating (S's
+  // k-step i, then P V's key step i): two independent accumulator chains
+  // side by side in the issue order instead of one after the other.
+  __device__ __forceinline__ void issue_interleaved() {
+    using flashattn::cuda::sm90::WgmmaRS;
+    using flashattn::cuda::sm90::WgmmaSS;
+    flashattn::cuda::sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      WgmmaSS<kN, T>::run(s, desc_advance(q_desc, (kk / 4) * 128 * 128 + (kk % 4) * 32),
+                          desc_advance(k_desc, (kk / 4) * kN * 128 + (kk % 4) * 32), kk > 0 ? 1 : 0);
+      WgmmaRS<kD, T>::run(o, pa[kk], desc_advance(v_desc, kk * 16 * 128), 1);
+    }
+    flashattn::cuda::sm90::wgmma_commit();
+  }
+
   // Sum of the accumulators, so the compiler keeps the wgmmas.
   __device__ __forceinline__ float sum() const {
     float acc = 0.0f;

@@ -7,6 +7,7 @@
 //   s     S = Q K^T: 8 x m64n128k16, A (Q) and B (K) from shared memory
 //   pv    O += P V:  8 x m64n128k16, A (P) from registers, B (V) MN-major
 //   s+pv  both, as one ping-pong turn issues them
+//   s/pv  both, alternating (S's k-step i, then P V's key step i)
 // Each batch is committed and waited for before the next (as in the kernel,
 // where the softmax needs S); with two warpgroups one's batch runs while the
 // other waits. Prints cycles per wgmma per SM and the flop/clk/SM that gives
@@ -28,7 +29,7 @@ using namespace fwd_wgmmas;
 constexpr int kIters = 4096;
 constexpr int kMaxWarpgroups = 2;  // warpgroups of 128 threads per CTA at most
 
-enum Mode { kS = 1, kPV = 2 };
+enum Mode { kS = 1, kPV = 2, kInterleaved = 4 };
 
 __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) rate_kernel(int mode, int wgs, long long* cycles, float* sink) {
   extern __shared__ uint8_t raw[];
@@ -41,7 +42,10 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) rate_kernel(int mode,
   asm volatile("bar.sync 1, %0;" ::"r"(128 * wgs));
   const long long t0 = clock64();
   for (int it = 0; it < kIters; ++it) {
-    op.issue(mode & kS, mode & kPV);
+    if (mode & kInterleaved)
+      op.issue_interleaved();
+    else
+      op.issue(mode & kS, mode & kPV);
     wgmma_wait<0>();
     fence_operands(op.s);
     fence_operands(op.o);
@@ -62,8 +66,8 @@ int main() {
   cudaMalloc(&d_sink, sms * 128 * kMaxWarpgroups * sizeof(float));
   std::printf("| mode | warpgroups | wgmmas per batch | cycles per wgmma per SM (median) | flop/clk/SM | of 4096 |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  const char* names[] = {"", "s", "pv", "s+pv"};
-  for (int mode = kS; mode <= (kS | kPV); ++mode) {
+  const char* names[] = {"", "s", "pv", "s+pv", "", "", "", "s/pv"};
+  for (int mode : {1, 2, 3, 7}) {
     for (int wgs = 1; wgs <= kMaxWarpgroups; ++wgs) {
       for (int rep = 0; rep < 2; ++rep)  // the first launch warms up
         rate_kernel<<<sms, 128 * kMaxWarpgroups, kSmem>>>(mode, wgs, d_cycles, d_sink);
@@ -74,7 +78,7 @@ int main() {
       std::vector<long long> c(sms * kMaxWarpgroups);
       cudaMemcpy(c.data(), d_cycles, c.size() * sizeof(long long), cudaMemcpyDeviceToHost);
       std::vector<double> per;
-      const int batch = (mode == (kS | kPV) ? 16 : 8);
+      const int batch = ((mode & kS) && (mode & kPV) ? 16 : 8);
       for (int b = 0; b < sms; ++b) {
         long long longest = 0;
         for (int w = 0; w < wgs; ++w) longest = std::max(longest, c[b * kMaxWarpgroups + w]);

@@ -193,9 +193,15 @@ __device__ __forceinline__ float fast_tanh(float x) {
 // 32 dependent FMNMX (and FADD) per row, which ptxas kept in order (fmax and
 // float adds are not reassociated), the first exponential of the tile waiting
 // behind the whole max chain of row 0.
-template <int kN>
+// Exp2 computes P's exponentials: exp2(x, i) for element i of s (the default
+// ignores i; bench/sm90_softmax_beside_wgmma.cu passes one that moves some of
+// them off the MUFU).
+struct MufuExp2 {
+  __device__ __forceinline__ float operator()(float x, int) const { return fast_exp2(x); }
+};
+template <int kN, typename Exp2 = MufuExp2>
 __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], float (&l)[2],
-                                               float (&corr)[2], float scale_log2) {
+                                               float (&corr)[2], float scale_log2, Exp2 exp2 = {}) {
   constexpr int kPairs = kN / 4;  // (element pairs per row)
   constexpr int kAcc = kPairs % 4 == 0 ? 4 : (kPairs % 2 == 0 ? 2 : 1);
   float mx[2];
@@ -231,7 +237,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         // P = exp2(S * scale * log2 e - m_new * scale * log2 e)
-        const float v = fast_exp2(fmaf(s[4 * i + 2 * r + e], scale_log2, -ms));
+        const float v = exp2(fmaf(s[4 * i + 2 * r + e], scale_log2, -ms), 4 * i + 2 * r + e);
         s[4 * i + 2 * r + e] = v;
         sum[i % kAcc] += v;
       }
