@@ -174,10 +174,6 @@ __device__ __forceinline__ bool work_at(const AttentionParams& p, const FwdArgs&
   }
 }
 
-// 2^x: cuda::fast_exp2 (common/mma.h), one MUFU.EX2. exp2f adds a range check
-// and a rescale per element for denormal results, ~4 extra instructions on
-// the softmax's critical path; this flushes them to 0, and 2^-inf = 0.
-
 // tanh(x) = 1 - 2 / (2^(2x log2 e) + 1): one ex2 and one fast reciprocal, no
 // branch. libm's tanhf branches on |x|: the softcap pass was 1026 SASS
 // instructions per d128 key tile (385 now) and the kernel's register peak.
@@ -186,6 +182,16 @@ __device__ __forceinline__ float fast_tanh(float x) {
   return 1.0f - __fdividef(2.0f, fast_exp2(x * (2.0f * kLog2e)) + 1.0f);
 }
 
+// P's exponentials in online_softmax: exp2(x, i) for element i of s. The
+// default is cuda::fast_exp2 (common/mma.h), one MUFU.EX2 that ignores i:
+// exp2f adds a range check and a rescale per element for denormal results,
+// ~4 extra instructions on the softmax's critical path; this flushes them to
+// 0, and 2^-inf = 0. bench/sm90_softmax_beside_wgmma.cu passes a policy that
+// moves some of them off the MUFU.
+struct MufuExp2 {
+  __device__ __forceinline__ float operator()(float x, int) const { return fast_exp2(x); }
+};
+
 // One online-softmax step on a warpgroup's S fragment (2 rows per thread):
 // new row max, correction factor for the old O and l, P = exp(S - max) in place.
 // NOTES: the row max and row sum are reduced through kAcc independent partials
@@ -193,12 +199,6 @@ __device__ __forceinline__ float fast_tanh(float x) {
 // 32 dependent FMNMX (and FADD) per row, which ptxas kept in order (fmax and
 // float adds are not reassociated), the first exponential of the tile waiting
 // behind the whole max chain of row 0.
-// Exp2 computes P's exponentials: exp2(x, i) for element i of s (the default
-// ignores i; bench/sm90_softmax_beside_wgmma.cu passes one that moves some of
-// them off the MUFU).
-struct MufuExp2 {
-  __device__ __forceinline__ float operator()(float x, int) const { return fast_exp2(x); }
-};
 template <int kN, typename Exp2 = MufuExp2>
 __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], float (&l)[2],
                                                float (&corr)[2], float scale_log2, Exp2 exp2 = {}) {
