@@ -29,6 +29,8 @@ import triton.testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, HERE)  # timing_order, also when flashattn.bench loads this file
+from timing_order import round_order  # noqa: E402
 
 TOKENS = 16384
 HIDDEN = 2048
@@ -111,8 +113,8 @@ def main():
     ap.add_argument("--sm80", action="store_true",
                     help="time the sm80 (mma.sync) kernels on every GPU (sets FLASHATTN_DISABLE_SM90=1)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time every implementation this many times per shape, the order rotated "
-                         "by one each round, and report each one's median (1: one pass, ours first)")
+                    help="time every implementation this many times per shape, the order varied "
+                         "each round (timing_order.py), and report each one's median (1: one pass, ours first)")
     ap.add_argument("--out", default=None, help="results file (default: bench/results/<date>-<device>-<mode>.md)")
     args = ap.parse_args()
 
@@ -134,11 +136,11 @@ def main():
                 fns, check = make_fns(b, h, s, d, causal, args.backward)
                 # NOTES (--rounds): the GPU runs at its power cap on most shapes, so its clock
                 # depends on what ran just before; a fixed order times ours right after the
-                # previous shape's cuDNN and cuDNN right after FA2 (the coolest). Rotating the
-                # order and taking medians spreads that over every implementation.
+                # previous shape's cuDNN and cuDNN right after FA2 (the coolest). round_order
+                # varies who follows whom (timing_order.py) and the medians spread it out.
                 times = {name: [] for name in impls}
                 for r in range(args.rounds):
-                    for name in impls[r % len(impls):] + impls[:r % len(impls)]:
+                    for name in round_order(impls, r):
                         try:
                             fwd, fwd_bwd = fns[name]
                             t = time_ms(fwd)
@@ -178,7 +180,7 @@ def main():
         f.write(f"- device: {dev}\n- date: {date}\n- commit: {commit}\n- torch {torch.__version__}, "
                 f"cuDNN {torch.backends.cudnn.version()}\n- command: `{cmd}`\n"
                 f"- timing: triton.testing.do_bench median (warmup 100 ms, rep 500 ms)" +
-                (f"; {args.rounds} rounds per shape, order rotated each round, median of the rounds"
+                (f"; {args.rounds} rounds per shape, order varied each round (timing_order.py), median of the rounds"
                  if args.rounds > 1 else "") + "\n\n")
         f.write(header + "\n" + "|" + "---|" * (header.count("|") - 1) + "\n")
         f.write("\n".join(rows) + "\n")

@@ -4,8 +4,9 @@
 Each NAME=PATH loads its own copy of the library (a separate instance of the ctypes
 binding), so variants built with different FLASHATTN_SM90_* macros (src/cuda/sm90/fwd/tuning.h)
 are timed on the same GPU state: for every shape the variants and torch SDPA's FA2 / cuDNN
-run in turn, `--rounds` times (the order rotates by round), and the table gives each one's
-median. Shapes and FLOPs as bench/bench_attention.py (16k tokens, hidden 2048, bf16).
+run in turn, `--rounds` times (the order varies by round: timing_order.py), and the table gives
+each one's median. List an A/A copy of the baseline (the same file under a second name) to see
+the run's own spread. Shapes and FLOPs as bench/bench_attention.py (16k tokens, hidden 2048, bf16).
 
   PYTHONPATH=python python3 bench/sm90_fwd_ab.py main=a/libflashattn.so new=b/libflashattn.so \\
       --hdims 128 --seqlens 2048,16384 --masks none,causal
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton.testing
+
+from timing_order import round_order
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -81,8 +84,7 @@ def main():
                     fns[n] = sdpa
                 times = {n: [] for n in names}
                 for r in range(args.rounds):
-                    order = names[r % len(names):] + names[:r % len(names)]
-                    for n in order:
+                    for n in round_order(names, r):
                         times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=args.rep,
                                                                 return_mode="median"))
                 f = 4.0 * b * h * s * s * d / (2 if causal else 1)

@@ -21,7 +21,9 @@ per key tile of the overlapped loop and consumer warpgroup, the median cycles of
   softmax   -> online softmax done
   pv_wait   -> P V completed
   tail      -> the next loop top (rescale O, convert P)
-and the period (loop top to loop top).
+and the period (loop top to loop top); then kCrossTile's fused last turn of that tile
+(trace.h's TraceFused): the next tile's lookup, the V / Q / K waits, turn and issue, the last
+P V's wait, the epilogue's packing, O store and logsumexp, the next S's wait and first softmax.
 
 Usage: FLASHATTN_LIBRARY=/tmp/var/trace/libflashattn.so PYTHONPATH=python \\
        python3 bench/trace_sm90_fwd.py --hdim 128 --seqlen 2048 [--causal]
@@ -101,10 +103,10 @@ def main():
             print(f"| {name} | {statistics.median(vals):.0f} | {np.percentile(a, 10):.0f} | "
                   f"{np.percentile(a, 90):.0f} |")
     if args.steps:
-        print_steps(lib, d, key_tiles)
+        print_steps(lib, d, key_tiles, t)
 
 
-def print_steps(lib, d, key_tiles):
+def print_steps(lib, d, key_tiles, tiles):
     fn = getattr(lib, f"flashattn_sm90_fwd_steps_{d}")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     st = np.zeros((CTAS, WGS, STEPS, STEP_EVENTS), dtype=np.uint64)
@@ -131,7 +133,30 @@ def print_steps(lib, d, key_tiles):
     print("wg1 turn - wg0 issued, per j:", " ".join(f"{x:.0f}" for x in lag))
     lag = [np.median(t[:, 0, j + 1, 2] - t[:, 1, j, 3]) for j in range(n - 1)]
     print("wg0 next turn - wg1 issued, per j:", " ".join(f"{x:.0f}" for x in lag))
+    print_fused(lib, d, t, tiles)
 
+
+FUSED_PARTS = ("lookup", "v_wait", "q_wait", "k_wait", "turn_issue", "pv_wait", "pack", "o_store", "lse",
+               "s_wait")  # trace.h's TraceFused, one part per interval
+
+
+def print_fused(lib, d, steps, tiles):
+    """kCrossTile's fused last turn of the step tile (trace.h's TraceFused), then the next
+    tile's first softmax up to the tile's end stamp; from the last loop step's end."""
+    fn = getattr(lib, f"flashattn_sm90_fwd_fused_{d}")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fu = np.zeros((CTAS, WGS, len(FUSED_PARTS) + 1), dtype=np.uint64)
+    assert fn(fu.ctypes.data, fu.nbytes) == 0
+    f = fu.astype(np.int64)
+    print("\nfused last turn (kCrossTile), median over CTAs of cycles:")
+    print("| wg | " + " | ".join(FUSED_PARTS) + " | softmax | total |")
+    print("|---" * (len(FUSED_PARTS) + 3) + "|")
+    for wg in range(WGS):
+        ok = f[:, wg, 0] > 0
+        end = tiles[ok, 3, wg, 4]  # trace.h's kTraceStepTile: its tile-end stamp
+        cols = [f[ok, wg, i] for i in range(len(FUSED_PARTS) + 1)] + [end]
+        vals = [np.median(cols[i + 1] - cols[i]) for i in range(len(cols) - 1)]
+        print(f"| {wg} | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {np.median(cols[-1] - cols[0]):.0f} |")
 
 if __name__ == "__main__":
     main()

@@ -695,6 +695,7 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
     // showed the consumer warps stalled on them (long scoreboard on the
     // branch after the stores, ~1.5% of samples, none at 16k per unit of
     // work) and half-filled 32-byte sectors. Measured +1-3% at d128 / d64.
+    int fused_trace_tile = -1;  // trace.h: the tile whose fused last turn is stamped
     auto finish = [&](const Tile& t) {
       const TileWork& w = t.w;
       float inv[2];
@@ -731,7 +732,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             po[2 * i + 3] = pack2<T>(o[4 * i + 6] * inv[1], o[4 * i + 7] * inv[1]);
           }
           const int wg_row0 = w.m0 + cw * 64;
+          trace_fused(fused_trace_tile, cw, tid, kFusedPacked);
           store_o_tma(po, wg_row0 < w.seq.seqlen_q ? wg_row0 : -1, w.h, w.b);
+          trace_fused(fused_trace_tile, cw, tid, kFusedOStored);
         }
       }
 #pragma unroll
@@ -794,6 +797,9 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
       };
       auto stamp_step = [&](int j, TraceStep e) {
         if constexpr (!kSplit) trace_step(ti, cw, tid, j, e);
+      };
+      auto stamp_fused = [&](TraceFused e) {
+        if constexpr (!kSplit) trace_fused(ti, cw, tid, e);
       };
       stamp(kTraceTileStart);
       const TileWork& w = cur.w;
@@ -860,11 +866,14 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             convert_p();
           }
           // Last P V.
+          stamp_fused(kFusedTop);
           if constexpr (kCrossTile) {
             have_next = next_tile(step_next, nxt);
             fused = have_next && nxt.w.n_end > nxt.w.n_begin;
           }
+          stamp_fused(kFusedLookedUp);
           mbar_wait(&full_v[s], ph);
+          stamp_fused(kFusedVReady);
           // The last turn's start: O rescaled and the last P V issued.
           auto take_turn_issue_last_pv = [&]() {
             if (kPingPong) named_sync(my_turn, kTurnThreads);
@@ -883,18 +892,26 @@ __global__ void __launch_bounds__(FwdTraits<D, T, C, N>::kThreads, 1)
             const int s_next = ring_stage(it + 1);
             const uint32_t ph_next = ring_phase(it + 1);
             claim_q();
+            stamp_fused(kFusedQReady);
             mbar_wait(&full_k[s_next], ph_next);
+            stamp_fused(kFusedKReady);
             take_turn_issue_last_pv();
             issue_s(s_next);
             if (kPingPong) named_arrive(other_turn, kTurnThreads);
+            stamp_fused(kFusedIssued);
             wgmma_wait<1>();
             fence_operands(o);
             stamp(kTraceLoopEnd);
+            stamp_fused(kFusedPvReady);
             release(&empty_v[s]);
             ++it;
+            if constexpr (!kSplit) fused_trace_tile = ti;
             finish(cur);
+            fused_trace_tile = -1;
+            stamp_fused(kFusedFinished);
             wgmma_wait<0>();
             fence_operands(sc);
+            stamp_fused(kFusedSReady);
             reset_rows();
             release(&empty_k[s_next]);
             if (nxt.w.n_end - 1 == nxt.w.n_begin) release(q_empty);

@@ -42,6 +42,22 @@ enum TraceStep : int {
 };
 inline constexpr int kTraceStepTile = 3, kTraceSteps = 32;
 
+// kCrossTile's fused last turn of the same tile (kTraceStepTile), in order.
+enum TraceFused : int {
+  kFusedTop,       // the last loop step done
+  kFusedLookedUp,  // the next tile looked up (next_tile)
+  kFusedVReady,    // the last key tile's V landed
+  kFusedQReady,    // the next tile's Q landed
+  kFusedKReady,    // the next tile's first K landed
+  kFusedIssued,    // last P V and the next S issued, turn handed over
+  kFusedPvReady,   // the last P V completed
+  kFusedPacked,    // epilogue: O / l packed for the store
+  kFusedOStored,   // epilogue: O in shared memory and its TMA store issued
+  kFusedFinished,  // epilogue done (logsumexp stored)
+  kFusedSReady,    // the next tile's first S completed
+  kFusedEvents
+};
+
 #if FLASHATTN_SM90_TRACE
 // One array per translation unit (per head dim), [cta][tile][warpgroup][event].
 static __device__ unsigned long long g_trace[kTraceCtas][kTraceTiles][kTraceWarpgroups][kTraceEvents];
@@ -51,11 +67,16 @@ __device__ __forceinline__ void trace(int tile, int wg, int tid, TraceEvent e) {
     g_trace[blockIdx.x][tile][wg][e] = clock64();
 }
 static __device__ unsigned long long g_steps[kTraceCtas][kTraceWarpgroups][kTraceSteps][kStepEvents];
+static __device__ unsigned long long g_fused[kTraceCtas][kTraceWarpgroups][kFusedEvents];
 
 __device__ __forceinline__ void trace_step(int tile, int wg, int tid, int step, TraceStep e) {
   if (tid == 0 && tile == kTraceStepTile && blockIdx.x < kTraceCtas && wg < kTraceWarpgroups &&
       step < kTraceSteps)
     g_steps[blockIdx.x][wg][step][e] = clock64();
+}
+__device__ __forceinline__ void trace_fused(int tile, int wg, int tid, TraceFused e) {
+  if (tid == 0 && tile == kTraceStepTile && blockIdx.x < kTraceCtas && wg < kTraceWarpgroups)
+    g_fused[blockIdx.x][wg][e] = clock64();
 }
 // Copies one stamp array to the host: 0, -1 if `bytes` is too small, else the cudaError_t.
 template <typename Stamps>
@@ -70,10 +91,14 @@ int copy_stamps(void* host, size_t bytes, const Stamps& stamps) {
   }                                                                                  \
   extern "C" int flashattn_sm90_fwd_steps_##D(void* host, size_t bytes) {            \
     return flashattn::cuda::sm90::copy_stamps(host, bytes, flashattn::cuda::sm90::g_steps); \
+  }                                                                                  \
+  extern "C" int flashattn_sm90_fwd_fused_##D(void* host, size_t bytes) {            \
+    return flashattn::cuda::sm90::copy_stamps(host, bytes, flashattn::cuda::sm90::g_fused); \
   }
 #else
 __device__ __forceinline__ void trace(int, int, int, TraceEvent) {}
 __device__ __forceinline__ void trace_step(int, int, int, int, TraceStep) {}
+__device__ __forceinline__ void trace_fused(int, int, int, TraceFused) {}
 #define FLASHATTN_SM90_TRACE_ACCESSOR(D)
 #endif
 
