@@ -133,14 +133,14 @@ def print_steps(lib, d, key_tiles, tiles):
     print("wg1 turn - wg0 issued, per j:", " ".join(f"{x:.0f}" for x in lag))
     lag = [np.median(t[:, 0, j + 1, 2] - t[:, 1, j, 3]) for j in range(n - 1)]
     print("wg0 next turn - wg1 issued, per j:", " ".join(f"{x:.0f}" for x in lag))
-    print_fused(lib, d, t, tiles)
+    print_fused(lib, d, tiles)
 
 
 FUSED_PARTS = ("lookup", "v_wait", "q_wait", "k_wait", "turn_issue", "pv_wait", "pack", "o_store", "lse",
                "s_wait")  # trace.h's TraceFused, one part per interval
 
 
-def print_fused(lib, d, steps, tiles):
+def print_fused(lib, d, tiles):
     """kCrossTile's fused last turn of the step tile (trace.h's TraceFused), then the next
     tile's first softmax up to the tile's end stamp; from the last loop step's end."""
     fn = getattr(lib, f"flashattn_sm90_fwd_fused_{d}")
