@@ -158,5 +158,6 @@ def print_fused(lib, d, tiles):
         vals = [np.median(cols[i + 1] - cols[i]) for i in range(len(cols) - 1)]
         print(f"| {wg} | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {np.median(cols[-1] - cols[0]):.0f} |")
 
+
 if __name__ == "__main__":
     main()
