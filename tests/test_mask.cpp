@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "core/mask.h"
+#include "attention/mask.h"
 
 namespace flashattn {
 namespace {

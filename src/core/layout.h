@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "core/mask.h"
+#include "attention/mask.h"
 #include "core/params.h"
 
 namespace flashattn {

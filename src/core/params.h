@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/mask.h"  // FA_HOST_DEVICE
+#include "attention/host_device.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {

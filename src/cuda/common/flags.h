@@ -2,7 +2,7 @@
 // backward passes the turn to add into a dQ tile from one CTA to the next.
 #pragma once
 
-#include "core/mask.h"
+#include "attention/mask.h"
 
 namespace flashattn::cuda {
 

@@ -50,7 +50,7 @@
 
 #include "core/error.h"
 #include "core/layout.h"
-#include "core/mask.h"
+#include "attention/mask.h"
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/flags.h"

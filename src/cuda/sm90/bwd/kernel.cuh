@@ -80,7 +80,7 @@
 
 #include "core/error.h"
 #include "core/layout.h"
-#include "core/mask.h"
+#include "attention/mask.h"
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/flags.h"

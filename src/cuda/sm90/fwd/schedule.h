@@ -26,7 +26,7 @@
 
 #include <cstdint>
 
-#include "core/mask.h"  // FA_HOST_DEVICE
+#include "attention/host_device.h"
 
 namespace flashattn::cuda::sm90 {
 

@@ -9,11 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FA_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FA_HOST_DEVICE inline
-#endif
+#include "attention/host_device.h"
 
 namespace flashattn {
 
