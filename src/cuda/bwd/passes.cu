@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/layout.h"
-#include "cuda/sm80/bwd/launch.h"
+#include "cuda/bwd/workspace.h"
 
 namespace flashattn::cuda::bwd {
 namespace {
