@@ -2,9 +2,10 @@
 // MUFU pipe with the softmax's exponentials (MUFU.EX2)? Cycles per warp
 // instruction per SM sub-partition for independent F2FPs, for independent
 // EX2s, and for the two interleaved: a shared pipe takes about the sum, separate
-// pipes about the larger (bench/results/2026-11-24-h100-session15.md, 4).
+// pipes about the larger (on the H100: separate pipes; ex2.approx.f16x2 is
+// two MUFU ops on sm_90a).
 //
-//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a bench/sm90_pipe_rates.cu -o pipe_rates && ./pipe_rates
+//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a bench/probes/sm90_pipe_rates.cu -o pipe_rates && ./pipe_rates
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -9,7 +9,7 @@
 // Prints the f32-add bandwidth of each; run under ncu with
 // --metrics lts__t_requests_op_red.sum,lts__t_tag_requests.avg.pct_of_peak_sustained_elapsed
 // to see the request counts. Not part of the library build:
-//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a bench/red_l2_requests.cu -o red_l2_requests
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a bench/probes/red_l2_requests.cu -o red_l2_requests
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -1,5 +1,5 @@
 // Does a warpgroup's softmax slow down while the other warpgroup's wgmmas run?
-// (bench/results/2026-11-24-h100-session15.md, 7: in the d128 forward the
+// (The d128 forward's trace motivated it: the
 // softmax that runs beside the other warpgroup's S and P V takes 1.9k cycles
 // per key tile, the one that runs while the tensor cores finish 1.3k.)
 //
@@ -11,12 +11,12 @@
 // full", the next batch issued while the last one runs). Each side is timed
 // alone and beside the other (the other side runs until the timed side is
 // done). Prints cycles per softmax and per wgmma (median over SMs).
-// Session 16 (2026-11-24-h100-session16.md, 2) added: the softmax with its own
+// Also: the softmax with its own
 // P V batch in flight (P from registers or shared memory), beside two tensor
 // warpgroups, with some exponentials as cubics, and its own span (clock reads
 // around the softmax alone, without the loop's wait and P conversion).
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/sm90_softmax_beside_wgmma.cu -o sbw && ./sbw
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/probes/sm90_softmax_beside_wgmma.cu -o sbw && ./sbw
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

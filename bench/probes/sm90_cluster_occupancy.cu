@@ -1,9 +1,10 @@
 // How many thread-block clusters of the d128 forward's launch shape (384
 // threads, 230,496 bytes of dynamic shared memory, one CTA per SM) the GPU
 // holds at once, for cluster sizes 1, 2 and 4 (cudaOccupancyMaxActiveClusters):
-// a K/V-multicast pair needs all SMs in pairs (bench/results/2026-11-24-h100-session15.md, 3).
+// a K/V-multicast pair needs all SMs in pairs (on the H100: 66 pairs, all
+// 132 SMs; docs/performance.md, the Hopper forward's 'not kept' rows).
 //
-//   nvcc -O2 -gencode arch=compute_90a,code=sm_90a bench/sm90_cluster_occupancy.cu -o cluster_occupancy && ./cluster_occupancy
+//   nvcc -O2 -gencode arch=compute_90a,code=sm_90a bench/probes/sm90_cluster_occupancy.cu -o cluster_occupancy && ./cluster_occupancy
 #include <cuda_runtime.h>
 
 #include <cstdio>

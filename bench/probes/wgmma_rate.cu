@@ -1,6 +1,6 @@
 // The tensor pipe's rate on the forward kernel's own wgmma shapes, with no
 // softmax, loads or barriers around them: what a d = 128 key tile would cost
-// if the tensor cores never waited (docs/perf-notes.md, session 11).
+// if the tensor cores never waited (docs/performance.md).
 //
 // One CTA per SM, `wgs` warpgroups each looping over batches of the kernel's
 // wgmmas on fixed shared-memory operands (the d = 128 forward's layout):
@@ -13,7 +13,7 @@
 // other waits. Prints cycles per wgmma per SM and the flop/clk/SM that gives
 // (dense bf16 peak: 4096, computed from the H100's 989 TFLOP/s at 1830 MHz).
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc bench/wgmma_rate.cu -o wgmma_rate && ./wgmma_rate
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc bench/probes/wgmma_rate.cu -o wgmma_rate && ./wgmma_rate
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

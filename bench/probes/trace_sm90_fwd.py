@@ -1,7 +1,6 @@
 """Where a Hopper forward tile's cycles go: the per-tile timeline of trace.h.
 
-Needs a library built with -DFLASHATTN_SM90_TRACE=1, e.g.
-  bash scripts/build_sm90_fwd_variant.sh build /tmp/var/trace "-DFLASHATTN_SM90_TRACE=1"
+Needs a library built with trace.h's stamps compiled in (src/cuda/sm90/fwd/trace.h says how).
 Runs the protocol's shape (16384 tokens, hidden 2048, bf16) `--iters` times back to
 back and reads the stamps of the last launch: for each CTA's tiles after its first,
 per consumer warpgroup, the cycles (its SM's clock64) spent
@@ -26,7 +25,7 @@ and the period (loop top to loop top); then kCrossTile's fused last turn of that
 P V's wait, the epilogue's packing, O store and logsumexp, the next S's wait and first softmax.
 
 Usage: FLASHATTN_LIBRARY=/tmp/var/trace/libflashattn.so PYTHONPATH=python \\
-       python3 bench/trace_sm90_fwd.py --hdim 128 --seqlen 2048 [--causal]
+       python3 bench/probes/trace_sm90_fwd.py --hdim 128 --seqlen 2048 [--causal]
 """
 
 import argparse

@@ -1,5 +1,5 @@
 // The d = 128 forward's wgmmas on fixed shared-memory operands, for the bench
-// probes that time them (bench/wgmma_rate.cu, bench/sm90_softmax_beside_wgmma.cu):
+// probes that time them (wgmma_rate.cu, sm90_softmax_beside_wgmma.cu):
 //   S = Q K^T  8 x m64n128k16, A (Q) and B (K) from shared memory, K-major
 //   O += P V   8 x m64n128k16, A (P) from registers, B (V) MN-major
 // in the kernel's 128B-swizzled layout (two warpgroups' Q rows, one K/V tile).

@@ -8,9 +8,10 @@ one shape for `--seconds` in batches of 20 calls timed with CUDA events, while n
 the clock and power every 50 ms; prints the median TFLOP/s of the second half of the window (and
 of the first), and the median clock / power of the last three quarters. Two rounds.
 
-  PYTHONPATH=python python3 bench/sm90_fwd_sustained.py new=build/libflashattn.so --shapes 128x2048,128x4096
+  PYTHONPATH=python python3 bench/probes/sm90_fwd_sustained.py new=build/libflashattn.so --shapes 128x2048,128x4096
 """
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -20,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, "bench")
-sys.path.insert(0, "python")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "..", "python")]  # sm90_fwd_ab, flashattn
 from sm90_fwd_ab import load_binding  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048

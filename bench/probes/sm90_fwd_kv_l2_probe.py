@@ -3,13 +3,13 @@
 vs one K/V head shared by all (MQA: every K/V load hits L2), per protocol shape.
 
 Caveat: with one K/V head the tile order puts all heads in one group (its L2 budget is
-per K/V head), so causal rows also change the load balance (session 5 separated the two
-with FLASHATTN_SM90_GROUP_ALL-style builds: bench/results/2026-11-24-h100-session5.md).
+per K/V head), so causal rows also change the load balance: read the causal rows with care.
 
-  PYTHONPATH=python python3 bench/sm90_fwd_kv_l2_probe.py name=build/libflashattn.so
+  PYTHONPATH=python python3 bench/probes/sm90_fwd_kv_l2_probe.py name=build/libflashattn.so
 """
-import sys, torch, triton.testing
-sys.path.insert(0, "bench"); sys.path.insert(0, "python")
+import os, sys, torch, triton.testing
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "..", "python")]  # sm90_fwd_ab, flashattn
 from sm90_fwd_ab import load_binding
 libs = [x.split("=", 1) for x in sys.argv[1:]]
 bind = {n: load_binding(n, p) for n, p in libs}

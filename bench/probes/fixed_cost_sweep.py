@@ -7,7 +7,7 @@ the tile order's lookup, the last round's tail). Fits both for ours (the library
 FLASHATTN_LIBRARY points at, logsumexp on) and torch's cuDNN SDPA, timed in turn
 (`--rounds`, order by timing_order.py, do_bench medians), bf16, non-causal.
 
-  FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/fixed_cost_sweep.py
+  FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/probes/fixed_cost_sweep.py
 """
 import argparse
 import os
@@ -21,8 +21,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton.testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, os.path.join(HERE, ".."))  # timing_order
 from timing_order import round_order  # noqa: E402
 from flashattn import _capi  # noqa: E402
 

@@ -8,11 +8,11 @@ to them. Prints whether the instructions are identical, else whether the opcode 
 (registers renamed only), else difflib's similarity of the opcode sequences and how many moved.
 
 Why: at the 700 W cap the loop's energy, not its cycles, sets the time, and a change anywhere
-in the consumer code outside the loop can reschedule the unchanged loop (session 17: the
-epilogue and lookup cuts moved 400+ of its ~1130 instructions and cost 2% at 4k). Check this
+in the consumer code outside the loop can reschedule the unchanged loop (the
+epilogue and lookup cuts of docs/performance.md moved 400+ of its ~1130 instructions and cost 2% at 4k). Check this
 before timing a change meant to leave the loop alone.
 
-  python3 bench/sm90_loop_schedule.py old/fwd_hdim128.cu.o new/fwd_hdim128.cu.o \\
+  python3 bench/probes/sm90_loop_schedule.py old/fwd_hdim128.cu.o new/fwd_hdim128.cu.o \\
       [--kernel Li128E13__nv_bfloat16Li2ELi128ELb0E]
 """
 import argparse

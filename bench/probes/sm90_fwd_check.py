@@ -4,13 +4,14 @@
 Each NAME=PATH library runs the forward twice on a few protocol shapes (16k tokens,
 hidden 2048, bf16) with NaN-poisoned outputs; prints its max error against torch's
 fp32 SDPA, NaN count and elements off by > 0.05, then each output's max difference
-from the first library's. (Session 5: it caught an A/B whose "baseline" build was
-not the build it claimed to be.)
+from the first library's. (It has caught an A/B whose "baseline" build was not the
+build it claimed to be.)
 
-  PYTHONPATH=python python3 bench/sm90_fwd_check.py old=a/libflashattn.so new=b/libflashattn.so
+  PYTHONPATH=python python3 bench/probes/sm90_fwd_check.py old=a/libflashattn.so new=b/libflashattn.so
 """
-import sys, torch, torch.nn.functional as F
-sys.path.insert(0, "bench"); sys.path.insert(0, "python")
+import os, sys, torch, torch.nn.functional as F
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "..", "python")]  # sm90_fwd_ab, flashattn
 from sm90_fwd_ab import load_binding
 libs = [x.split("=", 1) for x in sys.argv[1:]]
 bind = {n: load_binding(n, p) for n, p in libs}
