@@ -5,7 +5,9 @@ Each NAME=PATH loads its own copy of the library (a separate instance of the cty
 binding), so two builds (say main and a branch, or two kernel configurations) are timed on
 the same GPU state: for every shape the variants and torch SDPA's FA2 / cuDNN
 run in turn, `--rounds` times (the order varies by round: timing_order.py), and the table gives
-each one's median. List an A/A copy of the baseline (the same file under a second name) to see
+each one's median. `--backward` times each build's backward alone (out and lse from its own
+forward; TFLOP/s counted as 2.5x the forward's FLOPs) and the anchors' as time(forward +
+backward) - time(forward), the protocol's rule. List an A/A copy of the baseline (the same file under a second name) to see
 the run's own spread. Shapes and FLOPs as bench/bench_attention.py (16k tokens, hidden 2048, bf16).
 
   PYTHONPATH=python python3 bench/sm90_fwd_ab.py main=a/libflashattn.so new=b/libflashattn.so \\
@@ -49,6 +51,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=150, help="do_bench rep (ms) per timing")
     ap.add_argument("--no-anchors", action="store_true")
+    ap.add_argument("--backward", action="store_true", help="time the backward pass instead")
     args = ap.parse_args()
     libs = [tuple(x.split("=", 1)) for x in args.libs]
     bind = {n: load_binding(n, p) for n, p in libs}
@@ -75,19 +78,45 @@ def main():
                 outs = {n: torch.full_like(q, float("nan")) for n, _ in libs}
                 lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
                 fns = {}
-                for n, _ in libs:
-                    fns[n] = (lambda m=bind[n], o=outs[n]: m.forward(q, k, v, o, lse, causal=causal))
-                for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    def sdpa(be=be):
-                        with sdpa_kernel(be):
-                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                    fns[n] = sdpa
+                if args.backward:
+                    dout = torch.randn_like(q)
+                    grads = {}
+                    for n, _ in libs:
+                        o, l = torch.empty_like(q), torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+                        bind[n].forward(q, k, v, o, l, causal=causal)
+                        gr = tuple(torch.full_like(q, float("nan")) for _ in range(3))
+                        grads[n] = gr
+                        outs[n] = gr[0]  # dq is what the max-diff column compares
+                        fns[n] = (lambda m=bind[n], o=o, l=l, gr=gr:
+                                  m.backward(q, k, v, o, dout, l, *gr, causal=causal))
+                    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
+                    for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                        def fwd_bwd(be=be):
+                            with sdpa_kernel(be):
+                                F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(
+                                    dout.transpose(1, 2))
+                        def fwd_only(be=be):
+                            with sdpa_kernel(be), torch.no_grad():
+                                F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                        fns[n] = (fwd_bwd, fwd_only)
+                else:
+                    for n, _ in libs:
+                        fns[n] = (lambda m=bind[n], o=outs[n]: m.forward(q, k, v, o, lse, causal=causal))
+                    for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                        def sdpa(be=be):
+                            with sdpa_kernel(be):
+                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        fns[n] = sdpa
                 times = {n: [] for n in names}
                 for r in range(args.rounds):
                     for n in round_order(names, r):
-                        times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=args.rep,
-                                                                return_mode="median"))
-                f = 4.0 * b * h * s * s * d / (2 if causal else 1)
+                        timing = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=args.rep,
+                                                                    return_mode="median")
+                        if isinstance(fns[n], tuple):  # an anchor's backward: fwd+bwd - fwd
+                            times[n].append(timing(fns[n][0]) - timing(fns[n][1]))
+                        else:
+                            times[n].append(timing(fns[n]))
+                f = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if args.backward else 1.0)
                 tf = {n: f / (statistics.median(times[n]) * 1e-3) / 1e12 for n in names}
                 diff = max((outs[n].float() - outs[first].float()).abs().max().item() for n, _ in libs)
                 cells = [f"{tf[n]:.0f}" for n in names]

@@ -16,7 +16,7 @@
 #include "common/suites.h"
 #include "core/validate.h"
 #include "cuda/sm90/fwd/api.h"
-#include "cuda/sm90/fwd/schedule.h"
+#include "attention/work_plan.h"
 #include "cuda/sm90/fwd/tuning.h"
 #include "device.h"
 #include "forward_check.h"
@@ -278,7 +278,7 @@ std::vector<Case> sm90_suite() {
 INSTANTIATE_TEST_SUITE_P(Suite, Sm90Forward, ::testing::ValuesIn(sm90_suite()),
                          [](const auto& info) { return info.param.name(); });
 
-// The split tail (schedule.h; unmasked, fixed lengths, at least
+// The split tail (attention/work_plan.h; unmasked, fixed lengths, at least
 // kSplitTailMinKeys keys, the d 128 long-key and d 256 kernels):
 // few CTAs, so that small problems walk whole rounds and then a last round
 // cut along the keys, its parts merged through the workspace. The merge runs
@@ -336,7 +336,7 @@ TEST_P(Sm90SplitTail, MatchesFloat64ReferenceAndGraphReplayGivesTheSameBits) {
   const int tiles = t.c.batch * t.c.heads_q * ((t.c.seqlen_q + 127) / 128);
   const int key_tiles = (t.c.seqlen_k + t.block_n - 1) / t.block_n;
   ASSERT_GE(t.c.seqlen_k, cuda::sm90::kSplitTailMinKeys);
-  ASSERT_GT(cuda::sm90::plan_split_tail(tiles, t.max_ctas, key_tiles, true).tiles, 0);
+  ASSERT_GT(plan_split_tail(tiles, t.max_ctas, key_tiles, true).tiles, 0);
   FA_REQUIRE_SM90();
   const Problem p = make_problem(t.c);
   ForwardRun a, b;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cuda/sm90/arch.h"
-#include "cuda/sm90/fwd/tma_store.h"
+#include "cuda/sm90/tma_store.h"
 #include "cuda/sm90/sync.h"
 #include "cuda/sm90/tma.h"
 #include "cuda/sm90/wgmma.h"

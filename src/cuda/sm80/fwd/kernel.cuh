@@ -115,7 +115,7 @@ struct TileCopy {
   // instructions of the ~990 per warp and key tile; torch's FA2 ~24 in all, ncu).
   // (Only where every thread copies in the pass layout too: load() returns
   // early for the idle ones, and tid below is rebuilt from row and chunk.)
-  static constexpr bool kWide = FLASHATTN_SM80_WIDE_COPIES && Tile::kAtom == 8 &&
+  static constexpr bool kWide = Tile::kAtom == 8 &&
                                 Tile::kChunks >= 16 && kThreads % 8 == 0 &&
                                 Tile::kRows % (kThreads / 8) == 0 &&
                                 kRowsPerPass * Tile::kChunks == kThreads;

@@ -21,15 +21,6 @@
 // must stay under the 163 KB an sm_80 CTA can have (H100: 227 KB).
 #pragma once
 
-#ifndef FLASHATTN_SM80_PAIR_SPLIT_256
-#define FLASHATTN_SM80_PAIR_SPLIT_256 1
-#endif
-#ifndef FLASHATTN_SM80_WIDE_COPIES
-#define FLASHATTN_SM80_WIDE_COPIES 1
-#endif
-#ifndef FLASHATTN_SM80_FAST_STORES
-#define FLASHATTN_SM80_FAST_STORES 1
-#endif
 
 namespace flashattn::cuda::sm80 {
 
@@ -40,9 +31,9 @@ namespace flashattn::cuda::sm80 {
 // clocks) before: the epilogue ran 1170 instructions per warp (the K/V loop
 // ~990 per key tile) and held 6.0% of the warp samples (the prologue 3.3%);
 // torch's FA2 took 1.5% fewer cycles there while ours is 3-5% ahead from 4k.
-inline constexpr bool kFastStores = FLASHATTN_SM80_FAST_STORES;
+inline constexpr bool kFastStores = true;
 
-// NOTES (TileCopy::kWide, FLASHATTN_SM80_WIDE_COPIES): whole K/V
+// NOTES (TileCopy::kWide): whole K/V
 // tiles at d256 (kFastWholeTiles) copied in FlashAttention-2's thread layout,
 // 8 threads per 128-byte row segment and the 4 column blocks as immediate
 // offsets: 4 row pointers per tile and thread instead of a 64-bit add per
@@ -174,7 +165,7 @@ struct ForwardTuning<256> {
   static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = true;
   static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = FLASHATTN_SM80_PAIR_SPLIT_256;
+  static constexpr bool kPairSplit = true;
 };
 
 // Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a

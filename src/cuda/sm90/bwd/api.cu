@@ -13,10 +13,9 @@ namespace flashattn::cuda::sm90 {
 
 bool supports_backward(const AttentionParams& p) {
   // Deterministic mode: ordered dQ adds, fixed-length batches only (kernel.cuh
-  // NOTES, tuning.h); d 64/128 order the TMA reduce-adds (off in the red.global
-  // variant build), d 256 its red.global adds.
-  if (p.deterministic && (p.is_varlen() || (p.head_dim != 256 && !FLASHATTN_SM90_BWD_DQ_TMA)))
-    return false;
+  // NOTES, tuning.h); d 64/128 order the TMA reduce-adds, d 256 its red.global
+  // adds (launch_backward checks the tuning allows one of them).
+  if (p.deterministic && p.is_varlen()) return false;
   // Softcap: dS needs 1 - tanh^2 next to P; a second path in the kernel for it
   // made ptxas serialize the wgmmas (C7512) of every case: sm80 runs it.
   if (p.softcap > 0.0f) return false;

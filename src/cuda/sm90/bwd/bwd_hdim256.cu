@@ -1,5 +1,5 @@
 // Hopper backward instantiations for head dim 256 (one file per head dim so they build in parallel).
-#include "cuda/sm90/bwd/kernel.cuh"
+#include "cuda/sm90/bwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
 template fa_status launch_backward<256, __half>(const AttentionParams&, const bwd::Workspace&);

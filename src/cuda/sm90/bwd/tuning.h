@@ -46,13 +46,7 @@
 //             warning C7512),
 //             other head dims, non-9.0 devices,
 //             FLASHATTN_DISABLE_SM90=1.
-// The FLASHATTN_SM90_BWD_* macro exists only so the variant that
-// docs/perf-notes.md compares can be built; the default is the shipped one.
 #pragma once
-
-#ifndef FLASHATTN_SM90_BWD_DQ_TMA
-#define FLASHATTN_SM90_BWD_DQ_TMA 1
-#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -70,7 +64,7 @@ struct BackwardTuning<64> {
   static constexpr bool kEarlyDv = false;
   static constexpr bool kOverlapP = true;
   // 160 + 32 KB; a second buffer would be 40 bytes over the 227 KB.
-  static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
+  static constexpr bool kDqTma = true;
   static constexpr int kDqBufs = 1;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
@@ -84,7 +78,7 @@ struct BackwardTuning<128> {
   static constexpr int kBlockM = 64, kStages = 2;
   static constexpr bool kEarlyDv = true;
   static constexpr bool kOverlapP = true;
-  static constexpr bool kDqTma = FLASHATTN_SM90_BWD_DQ_TMA;
+  static constexpr bool kDqTma = true;
   static constexpr int kDqBufs = 2;  // 160 + 64 KB
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };

@@ -9,7 +9,7 @@
 #include "core/params.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm90/fwd/scheduler.cuh"
-#include "cuda/sm90/fwd/tma_store.h"
+#include "cuda/sm90/tma_store.h"
 #include "cuda/sm90/fwd/traits.h"
 #include "cuda/sm90/sync.h"
 #include "cuda/sm90/wgmma.h"
@@ -37,7 +37,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int lane) {
   }
 }
 
-// Split tail (schedule.h): this warp's part of a tail tile (its 16 rows'
+// Split tail (attention/work_plan.h): this warp's part of a tail tile (its 16 rows'
 // unnormalized O, row max and row sum) goes to the part's slot; the warp that
 // completes the tile's last part merges every part, in part order (so the
 // result does not depend on which finished last), into o, m, l:

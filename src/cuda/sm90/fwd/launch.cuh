@@ -116,7 +116,7 @@ fa_status launch_kernel(const AttentionParams& p) {
 
   a.num_steps = a.order.num_rounds;
 
-  // Split tail (schedule.h): where every tile costs the same (no mask, fixed
+  // Split tail (attention/work_plan.h): where every tile costs the same (no mask, fixed
   // lengths), the main kernel walks the whole rounds and a second kernel the
   // last round's tiles cut along the keys over all CTAs, merging a tile's
   // parts through a workspace: [O, max and sum slots][part counters].

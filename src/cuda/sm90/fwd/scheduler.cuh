@@ -1,6 +1,6 @@
 // The Hopper forward's scheduler on the device: step `step` of a CTA's
 // persistent walk -> the query tile it covers and its key-tile range. The plan
-// itself (tile order, split tail) is host + device code in schedule.h.
+// itself (tile order, split tail) is host + device code in attention/work_plan.h.
 // Producer and consumers compute the same walk, so they agree on which tiles
 // carry loads.
 #pragma once

@@ -7,15 +7,15 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/fwd/schedule.h"
+#include "attention/work_plan.h"
 #include "cuda/sm90/fwd/tuning.h"
 
 namespace flashattn::cuda::sm90 {
 
 struct FwdArgs {
-  TileOrder order;    // which query tile each CTA takes in each round (schedule.h)
+  TileOrder order;    // which query tile each CTA takes in each round (attention/work_plan.h)
   int num_steps;      // steps of a CTA's walk: rounds of whole tiles, or its split-tail segments
-  SplitTail tail;     // the split-tail kernel's tiles, cut along the keys (schedule.h)
+  SplitTail tail;     // the split-tail kernel's tiles, cut along the keys (attention/work_plan.h)
   float* part_o;      // split tail: each part's O, max and sum, [tail tile][part][warp] slots
   int* part_count;    // split tail: parts finished per (tail tile, consumer warp); zeroed by the main kernel
   float scale_log2;   // logit_scale * log2(e): exp(x) = exp2(x * log2 e)

@@ -13,7 +13,7 @@
 // the current tile's last turn (cross-tile).
 #pragma once
 
-#include "cuda/sm90/fwd/schedule.h"
+#include "attention/work_plan.h"
 
 namespace flashattn::cuda::sm90 {
 
@@ -28,11 +28,11 @@ constexpr int consumer_regs(int consumers) {
   return r < 240 ? r : 240;
 }
 
-// The split tail (schedule.h) pays a launch and a partial-O round trip per
+// The split tail (attention/work_plan.h) pays a launch and a partial-O round trip per
 // piece: it gains only from this many keys on (below, -1..-5% at 1k-4k).
 inline constexpr int kSplitTailMinKeys = 8192;
 
-// The tile order's rules (schedule.h), the same for every head dim: head groups
+// The tile order's rules (attention/work_plan.h), the same for every head dim: head groups
 // of equal size; plain causal tiles dealt in pairs of equal cost; unmasked runs
 // walked head by head so each head's K/V is read from DRAM about once.
 inline constexpr TileOrderPolicy kTileOrderRules = {true, true, true};

@@ -1,6 +1,10 @@
-// The tile order of the persistent Hopper forward kernel: which query tile
-// each CTA takes in each round. Plain C++ (host and device), so the CPU tests
-// check that every tile is taken exactly once.
+// The work plan: how a call's work is cut into pieces and dealt to CTAs.
+// Plain C++ (host and device), so the CPU tests check that every piece is
+// taken exactly once.
+//   KeySplit     a key range cut into near-equal runs of whole key tiles
+//                (split-KV decoding, ring attention's shards, the split tail)
+//   TileOrder    which query tile each persistent CTA takes in each round
+//   SplitTail    the last round's tiles cut along the keys over all CTAs
 //
 // NOTES: the persistent walk. Rank t goes to CTA c in round r (rank_of);
 // rank -> query tile (tile_of_rank) in one of three orders:
@@ -28,7 +32,19 @@
 
 #include "attention/host_device.h"
 
-namespace flashattn::cuda::sm90 {
+namespace flashattn {
+
+// key_tiles key tiles cut into `splits` runs whose sizes differ by at most
+// one: split s covers [begin(s), end(s)). Every split is non-empty when
+// splits <= key_tiles.
+struct KeySplit {
+  int key_tiles = 0;
+  int splits = 1;
+  FA_HOST_DEVICE int begin(int s) const {
+    return static_cast<int>(static_cast<int64_t>(key_tiles) * s / splits);
+  }
+  FA_HOST_DEVICE int end(int s) const { return begin(s + 1); }
+};
 
 struct TileOrder {
   int num_m_blocks;  // query tiles per (sequence, head), from the longest sequence
@@ -110,8 +126,8 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
   // ncu). One cold call takes the same cycles either way, but the kernel runs
   // at the 700 W power cap, and the DRAM traffic it saves goes to the SM
   // clock: +2-7% at 1k-4k non-causal (d64, d128, d256), +0-2.5% at 8k/16k,
-  // causal pairs +0-6% (H100, bf16, A/B runs of
-  // bench/results/2026-11-24-h100-session9.md). It replaced tight groups (the
+  // causal pairs +0-6% (H100, bf16, A/B runs; docs/performance.md). It
+  // replaced tight groups (the
   // smallest group spanning one round, +3-5% at 2k over the L2-sized groups).
   if (policy.causal_pairs && num_m_blocks >= 2) {
     // NOTES (causal pairs): causal query tile i walks i + 1 + c key tiles, so
@@ -121,7 +137,7 @@ inline TileOrder plan_tile_order(int num_m_blocks, int num_bh, int grid, double 
     // for a group and no heavy tail in the last round (the snake's small last
     // group, and its groups straddling rounds, cost 4-12% at causal 4k-16k:
     // the balanced-groups NOTES below). Measured against the balanced snake
-    // (H100, bf16, bench/results/2026-11-24-h100-session5.md, 5): d128 causal
+    // (H100, bf16, docs/performance.md): d128 causal
     // +4-6% at 1k-16k, d256 8k/16k +7.5%, d64 4k +8%, the rest within +-2%.
     // Without head-major: groups of the heads one round of pairs spans.
     const int per_head = (num_m_blocks + 1) / 2;
@@ -267,4 +283,4 @@ inline SplitTail plan_split_tail(int num_tiles, int grid, int key_tiles, bool un
   return s;
 }
 
-}  // namespace flashattn::cuda::sm90
+}  // namespace flashattn

@@ -1,4 +1,4 @@
-// The Hopper forward kernel's tile order (src/cuda/sm90/fwd/schedule.h), on the
+// The Hopper forward kernel's tile order (src/attention/work_plan.h), on the
 // CPU: every query tile of every (batch, head) pair is dealt exactly once, the
 // groups are as planned, and ranks fall in cost within a group.
 #include <gtest/gtest.h>
@@ -6,10 +6,32 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/sm90/fwd/schedule.h"
+#include "attention/work_plan.h"
 
-namespace flashattn::cuda::sm90 {
+namespace flashattn {
 namespace {
+
+// Every key tile in exactly one split, splits contiguous and in order, sizes
+// within one of each other.
+TEST(KeySplit, CoversEveryTileOnceEvenly) {
+  for (int tiles : {1, 2, 7, 64, 1000}) {
+    for (int splits : {1, 2, 3, 7, 64}) {
+      if (splits > tiles) continue;
+      const KeySplit ks{tiles, splits};
+      EXPECT_EQ(ks.begin(0), 0);
+      EXPECT_EQ(ks.end(splits - 1), tiles);
+      int lo = tiles, hi = 0;
+      for (int s = 0; s < splits; ++s) {
+        if (s > 0) EXPECT_EQ(ks.begin(s), ks.end(s - 1));
+        const int n = ks.end(s) - ks.begin(s);
+        EXPECT_GE(n, 1);
+        lo = n < lo ? n : lo;
+        hi = n > hi ? n : hi;
+      }
+      EXPECT_LE(hi - lo, 1) << tiles << " tiles in " << splits;
+    }
+  }
+}
 
 struct Shape {
   int num_m_blocks, num_bh, grid;
@@ -219,4 +241,4 @@ TEST(Sm90Schedule, SplitTailCoversEveryKeyTileOnce) {
 }
 
 }  // namespace
-}  // namespace flashattn::cuda::sm90
+}  // namespace flashattn

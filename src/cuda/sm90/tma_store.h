@@ -1,6 +1,6 @@
-// The Hopper forward's epilogue: stmatrix (registers -> shared, in the
+// stmatrix (registers -> shared, in the
 // accumulator layout) and TMA stores (cp.async.bulk.tensor, shared -> global).
-// Kept beside the kernel rather than in ../tma.h: only the forward uses them.
+// (The forward's epilogue is their only user today.)
 #pragma once
 
 #include <cuda.h>

@@ -1,0 +1,75 @@
+// The Hopper backward's launch (host): tensor maps (Q, dO, K, V and the f32 dQ
+// accumulator for the TMA reduce-adds) and one CTA per (key tile, kv head, sequence).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "core/params.h"
+#include "cuda/bwd/workspace.h"
+#include "cuda/sm90/bwd/kernel.cuh"
+#include "cuda/sm90/bwd/launch.h"
+#include "cuda/sm90/tma.h"
+
+namespace flashattn::cuda::sm90 {
+
+template <int D, typename T>
+fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
+  using K = BwdTraits<D, T>;
+  if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: head_dim mismatch");
+  // Deterministic mode orders the dQ adds (TMA reduce-adds, or the split-d
+  // red.global adds) on the sm80 semaphores, whose query tiles must be this
+  // kernel's.
+  if (p.deterministic && (!(K::kDqTma || K::kSplitD) || ws.dq_sem == nullptr ||
+                          ws.q_tiles != (p.seqlen_q + K::kBlockM - 1) / K::kBlockM))
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: deterministic mode needs matching dQ semaphores");
+  const bool varlen = p.is_varlen();
+  // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
+                      int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                      uint32_t box_rows) {
+    return make_attention_map(map, p, {base, rows, heads, row_stride, head_stride, batch_stride},
+                              D, box_rows);
+  };
+  CUtensorMap mq, mdq, mdo, mk, mv;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
+  FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
+                              p.q_batch_stride, K::kBlockM));
+  if constexpr (K::kDqTma) {
+    // The f32 dQ accumulator [heads_q][total_q][D] as (D, rows, heads, batch).
+    if (ws.accum_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width");
+    const int64_t row = D * 4;
+    const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(rows_q),
+                              static_cast<uint64_t>(p.heads_q),
+                              static_cast<uint64_t>(varlen ? 1 : p.batch)};
+    const uint64_t strides[3] = {static_cast<uint64_t>(row),
+                                 static_cast<uint64_t>(p.heads_q == 1 ? row : p.total_q * row),
+                                 static_cast<uint64_t>((varlen || p.batch == 1) ? row : p.seqlen_q * row)};
+    const uint32_t box[4] = {32, static_cast<uint32_t>(K::kBlockM), 1, 1};
+    FA_RETURN_IF_ERROR(make_tma_map_4d(&mdq, ws.dq_accum, FA_F32, dims, strides, box));
+  } else {
+    mdq = CUtensorMap{};
+  }
+  FA_RETURN_IF_ERROR(make_map(&mdo, p.dout, rows_q, p.heads_q, p.do_row_stride, p.do_head_stride,
+                              p.do_batch_stride, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_map(&mk, p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride,
+                              p.k_batch_stride, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_map(&mv, p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride,
+                              p.v_batch_stride, K::kBlockN));
+
+  const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_kv, p.batch);
+  if (grid.x == 0 || grid.z == 0) return FA_OK;
+  auto kernel = backward_kernel<D, T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
+  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mdq, mdo, mk, mv, p, ws);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward launch: ") + cudaGetErrorString(err));
+  return FA_OK;
+}
+
+}  // namespace flashattn::cuda::sm90

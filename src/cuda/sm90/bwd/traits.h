@@ -1,0 +1,80 @@
+// The Hopper backward's configuration as a type: tile shape, shared-memory
+// layout, barrier ids (from tuning.h).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd/tuning.h"
+
+namespace flashattn::cuda::sm90 {
+
+template <int D, typename T>
+struct BwdTraits {
+  using Tune = BackwardTuning<D>;
+  static constexpr int kHeadDim = D;
+  static constexpr int kConsumers = 2;
+  // Split-d mode (d 256): both consumers take the same 64 keys and split the
+  // work without repeating any of it: S^T and dP^T along the queries (kSN
+  // columns each), dK, dV and dQ along d (kDvN columns each: d/2 * 2 regs of
+  // dK + dV). P^T and dS^T go through shared memory, where each warpgroup
+  // reads the other's half; the wgmmas of dV and dK take them from there.
+  static constexpr bool kSplitD = Tune::kSplitD;
+  static constexpr int kBlockN = kSplitD ? 64 : 64 * kConsumers;  // keys per CTA
+  static constexpr int kDvN = kSplitD ? D / 2 : D;  // dK/dV columns per consumer
+  static constexpr int kBlockM = Tune::kBlockM;    // queries per tile
+  static constexpr int kSN = kSplitD ? kBlockM / 2 : kBlockM;  // S^T columns per consumer
+  static constexpr int kStages = Tune::kStages;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kColBlocks = D / 64;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  // dS^T (and in split-d mode P^T) tiles, double-buffered, shared by both consumers.
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  // dQ = dS K split between the two consumers along queries (kBlockM 128) or
+  // along d (kBlockM 64, split-d); each runs m64 x n kDqN wgmmas.
+  static constexpr bool kDqSplitM = kBlockM == 128;
+  static constexpr int kDqN = kDqSplitM ? D : D / 2;
+  static constexpr int kKOff = 0;
+  static constexpr int kVOff = kKOff + kKVBytes;
+  static constexpr int kQOff = kVOff + kKVBytes;
+  static constexpr int kDoOff = kQOff + kStages * kQBytes;
+  static constexpr int kDsOff = kDoOff + kStages * kQBytes;
+  // dQ partial tiles (f32, kBlockM x D) for the TMA reduce-add: D/32 boxes of
+  // kBlockM rows x 128 bytes, 128B-swizzled; kDqBufs of them.
+  static constexpr bool kDqTma = Tune::kDqTma;
+  static constexpr int kDqBufs = kDqTma ? Tune::kDqBufs : 0;
+  static constexpr int kDqBytes = kBlockM * D * 4;
+  static constexpr int kPOff = kDsOff + 2 * kDsBytes;
+  static constexpr int kDqOff = kPOff + (kSplitD ? 2 * kDsBytes : 0);
+  static constexpr int kLseOff = kDqOff + kDqBufs * kDqBytes;
+  static constexpr int kDOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr int kBarOff = kDOff + kStages * kBlockM * 4;
+  static constexpr int kNumBars = 1 + 2 * kStages;
+  // + 1024: the dynamic shared memory base is rounded up to 1024 bytes in the kernel.
+  static constexpr int kSmemBytes = kBarOff + kNumBars * 8 + 1024;
+  // full[s] completes on the TMA bytes plus the arrivals of the producer warp's
+  // 32 lanes (lane 0 arrives twice: expect_tx, then with its lse/D stores).
+  static constexpr uint32_t kFullArrivals = 1 + 32;
+  static constexpr uint32_t kDsBarrier = 1;  // named barrier of the 256 consumer threads
+  // dQ buffer b: written by the consumers (kDqFull0 + b), drained by the reducer
+  // warp (kDqFree0 + b); 256 consumer threads + 32.
+  static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4, kDqBarThreads = 128 * kConsumers + 32;
+  // Split-d deterministic mode: the 256 consumer threads meet before and after
+  // a query tile's dQ adds (the wait for key tile n+1, the publication).
+  static constexpr uint32_t kDqOrderBarrier = 6;
+  static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
+  static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
+  static_assert(kDqN == 64 || kDqN == 128, "dQ wgmmas are m64n64 or m64n128 (WgmmaSSTT)");
+  static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM && !Tune::kEarlyDv),
+                "split-d: 64 x 64 tiles, dQ split along d, dV issued after the P^T exchange");
+  static_assert(kDqBufs <= 2, "two dQ barrier pairs");
+  static_assert(!kSplitD || kDqTma || (kBlockN == 64 && kDqN == 128),
+                "split-d dQ write-out: a warp's 2 KB scratch is its 16 key rows x 4 chunks of P^T and dS^T");
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
+                "tiles must stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
+  static_assert(128 * (Tune::kProducerRegs + kConsumers * Tune::kConsumerRegs) <= 65536,
+                "setmaxnreg budget over the register file");
+};
+
+}  // namespace flashattn::cuda::sm90
