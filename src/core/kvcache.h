@@ -82,24 +82,33 @@ FA_HOST_DEVICE int64_t v_cache_offset(const KvCacheParams& p, int b, int j, int 
   return cache_offset(p, b, j, h, p.attn.v_batch_stride, p.attn.v_row_stride, p.attn.v_head_stride);
 }
 
-// True when every index sequence b uses is in range: its length fits the cache,
-// its cache row or its pages exist. Validation checks this on the host; the
-// kernels check it again (pages split over threads: first_page, page_step)
-// for indices that may change after a graph is captured.
-FA_HOST_DEVICE bool sequence_indices_valid(const KvCacheParams& p, int b, int first_page = 0,
-                                           int page_step = 1) {
+// The length of sequence b plus the new tokens fits the cache.
+FA_HOST_DEVICE bool cache_length_valid(const KvCacheParams& p, int b) {
   const int cached = p.cached_tokens(b);
-  if (cached < 0 || static_cast<int64_t>(cached) + p.seqlen_new > p.capacity) return false;
-  if (p.is_paged()) {
-    const int pages = (p.keys(b) + p.block_size - 1) / p.block_size;
-    for (int i = first_page; i < pages; i += page_step) {
-      const int32_t page = p.block_table[b * p.block_table_stride + i];
-      if (page < 0 || page >= p.cache_rows) return false;
-    }
-    return true;
+  return cached >= 0 && static_cast<int64_t>(cached) + p.seqlen_new <= p.capacity;
+}
+
+// Keys [key_begin, key_end) of sequence b live in the cache: pages of the pool
+// (pages first + k * step only, so threads can share the walk) or a cache row.
+FA_HOST_DEVICE bool keys_addressable(const KvCacheParams& p, int b, int key_begin, int key_end,
+                                     int first = 0, int step = 1) {
+  if (!p.is_paged()) {
+    const int64_t row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
+    return row >= 0 && row < p.cache_rows;
   }
-  const int64_t row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
-  return row >= 0 && row < p.cache_rows;
+  const int page_end = (key_end + p.block_size - 1) / p.block_size;
+  for (int i = key_begin / p.block_size + first; i < page_end; i += step) {
+    const int32_t page = p.block_table[b * p.block_table_stride + i];
+    if (page < 0 || page >= p.cache_rows) return false;
+  }
+  return true;
+}
+
+// True when every index sequence b uses is in range. Validation checks this on
+// the host; the kernels check the part they use again (cache_length_valid and
+// keys_addressable over their keys) for indices that change after a graph is captured.
+FA_HOST_DEVICE bool sequence_indices_valid(const KvCacheParams& p, int b) {
+  return cache_length_valid(p, b) && keys_addressable(p, b, 0, p.keys(b));
 }
 
 }  // namespace flashattn
