@@ -194,13 +194,14 @@ def to_torch(x, device, dtype=None):
     return t.to(dtype or torch.float32) if t.is_floating_point() else t
 
 
-def torch_call(c, device, dtype, causal=False, window=(-1, -1), fn=None):
+def torch_call(c, device, dtype, causal=False, window=(-1, -1), softcap=0.0, fn=None):
     kw = {k: to_torch(v, device, dtype) if isinstance(v, np.ndarray) else v
           for k, v in c.kwargs().items()}
     kc, vc = to_torch(c.k_cache, device, dtype), to_torch(c.v_cache, device, dtype)
     q = to_torch(c.q, device, dtype)
     fn = fn or flashattn.flash_attn_with_kvcache
-    out, lse = fn(q, kc, vc, causal=causal, window_size=window, return_softmax_lse=True, **kw)
+    out, lse = fn(q, kc, vc, causal=causal, window_size=window, softcap=softcap,
+                  return_softmax_lse=True, **kw)
     return out, lse, kc, vc
 
 
@@ -209,8 +210,8 @@ def torch_call(c, device, dtype, causal=False, window=(-1, -1), fn=None):
 def test_torch_cpu_matches_reference(rng, case):
     lengths, sq, hq, hkv, d, new, page, rd, inter, causal, window, softcap = CASES[case]
     c = Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter)
-    eo, el, ek, ev = c.expected(causal, window, 0.0)
-    out, lse, kc, vc = torch_call(c, "cpu", torch.float32, causal, window)
+    eo, el, ek, ev = c.expected(causal, window, softcap)
+    out, lse, kc, vc = torch_call(c, "cpu", torch.float32, causal, window, softcap)
     np.testing.assert_allclose(out.numpy(), eo, rtol=1e-4, atol=3e-5)
     np.testing.assert_allclose(lse.numpy(), el, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(kc.numpy(), ek, rtol=1e-6, atol=1e-6)
@@ -256,7 +257,7 @@ def test_cuda_matches_reference(rng, case, dtype):
     if c.rotary is not None:
         c.rotary = tuple(torch.from_numpy(t).to(dt).float().numpy() for t in c.rotary)
     eo, el, ek, ev = c.expected(causal, window, softcap)
-    out, lse, kc, vc = torch_call(c, "cuda", dt, causal, window)
+    out, lse, kc, vc = torch_call(c, "cuda", dt, causal, window, softcap)
     tol = 2e-2 if dtype == "bfloat16" else 4e-3
     np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=tol, atol=tol)
     np.testing.assert_allclose(lse.cpu().numpy(), el, rtol=1e-3, atol=1e-3)

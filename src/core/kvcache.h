@@ -62,17 +62,27 @@ struct KvCacheParams {
   }
 };
 
-// Element offset of key j, head h of sequence b in a cache with the given
-// (row-or-page, slot, head) strides.
+// Where key j of sequence b lives: a cache row (or page) and the slot in it.
+struct CacheSlot {
+  int64_t row;
+  int slot;
+};
+
+FA_HOST_DEVICE CacheSlot cache_slot(const KvCacheParams& p, int b, int j) {
+  if (p.is_paged()) return {p.block_table[b * p.block_table_stride + j / p.block_size], j % p.block_size};
+  return {p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b, j};
+}
+
+// Element offset of a slot's head h in a cache with the given (row-or-page,
+// slot, head) strides.
+FA_HOST_DEVICE int64_t slot_offset(CacheSlot s, int h, int64_t batch_stride, int64_t row_stride,
+                                   int64_t head_stride) {
+  return s.row * batch_stride + static_cast<int64_t>(s.slot) * row_stride + h * head_stride;
+}
+
 FA_HOST_DEVICE int64_t cache_offset(const KvCacheParams& p, int b, int j, int h,
                                     int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-  if (p.is_paged()) {
-    const int64_t page = p.block_table[b * p.block_table_stride + j / p.block_size];
-    return page * batch_stride + static_cast<int64_t>(j % p.block_size) * row_stride +
-           h * head_stride;
-  }
-  const int64_t row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
-  return row * batch_stride + static_cast<int64_t>(j) * row_stride + h * head_stride;
+  return slot_offset(cache_slot(p, b, j), h, batch_stride, row_stride, head_stride);
 }
 
 FA_HOST_DEVICE int64_t k_cache_offset(const KvCacheParams& p, int b, int j, int h) {

@@ -9,11 +9,13 @@
 // final output (one split) or a normalised partial (O, lse) in f32 that the
 // combine kernel merges with attention/state.h's merge.
 //
-// NOTES: decoding reads every K/V byte once and does ~2 FMAs per byte per
-// packed row, so the kernel is bound by memory, not math: scores and P V run on
-// the FP32 pipes from shared memory, and what matters is keeping enough K/V
-// bytes in flight (the ring, several CTAs per SM, splits when batch x heads_kv
-// is small).
+// NOTES: decoding reads every K/V byte once, so the kernel is bound by memory
+// as long as the math stays out of the way: scores and P V run on the tensor
+// cores (mma.sync, Q and P in registers) so each K/V byte is read from shared
+// memory once, and what matters is keeping enough K/V bytes in flight (the
+// ring, two CTAs per SM, splits when batch x heads_kv is small). A first
+// version on the FP32 pipes re-read Q and P from shared memory for every key
+// and ran at ~750 GB/s on the H100 (docs/inference.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,24 +55,37 @@ struct Work {
 };
 
 // Shapes of one head-dim bucket (the real head dim may be smaller, a multiple of 8).
+//
+// NOTES: a CTA's 4 warps split each key tile into key slices of 16 keys (one
+// mma k-step of P V); each warp keeps its own online softmax and O for its
+// slices and the slices merge once at the end (attention/state.h). At head dim
+// 256 two warps share a slice, each owning half of O's columns, so O stays at
+// 64 registers a thread.
 template <int HeadDim>
 struct Traits {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kSliceKeys = 16;
   static constexpr int kBlockK = block_keys(HeadDim);
-  static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding spread rows over banks
+  static constexpr int kKeySlices = kBlockK / kSliceKeys;
+  static constexpr int kColumnParts = kWarps / kKeySlices;   // warps sharing a slice
+  static constexpr int kColumns = HeadDim / kColumnParts;    // O columns of one warp
+  static constexpr int kOTiles = kColumns / 8;               // mma n-tiles of O
+  static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of Q K^T
+  static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
   static constexpr int kStages =
       kRingBytes / kStageBytes < kMinStages
           ? kMinStages
           : (kRingBytes / kStageBytes > kMaxStages ? kMaxStages : kRingBytes / kStageBytes);
-  static constexpr int kChunks = HeadDim / 8;             // 16-byte chunks per row
-  static constexpr int kThreadsPerKey = kThreads / kBlockK;
-  static constexpr int kColumnPairs = HeadDim / 2;         // P V: a thread owns 2 columns
-  static constexpr int kKeyGroups = kThreads / kColumnPairs;  // ... of every kKeyGroups-th key
+  static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
   static constexpr int kRingBytesUsed = kStages * kStageBytes;
-  static constexpr int kSmemBytes =
-      kRingBytesUsed + 4 * (kMaxRows * HeadDim + kMaxRows * kBlockK + 3 * kMaxRows);
-  static_assert(kThreads % kBlockK == 0 && kThreads % kColumnPairs == 0, "thread mapping");
-  static_assert(kKeyGroups * kMaxRows * HeadDim * 4 <= kRingBytesUsed, "reduction fits the ring");
+  static constexpr int kQBytes = kMaxRows * kRowElems * 2;
+  static constexpr int kSmemBytes = kRingBytesUsed + kQBytes;
+  // The end-of-CTA merge reuses the drained ring: O, m and l of every slice.
+  static constexpr int kScratchFloats = kKeySlices * kMaxRows * (HeadDim + 2);
+  static_assert(kMaxRows == 16, "one mma row tile of packed query rows");
+  static_assert(kKeySlices * kColumnParts == kWarps && kOTiles % 2 == 0, "warp mapping");
+  static_assert(kScratchFloats * 4 <= kRingBytesUsed, "the slice merge fits the ring");
 };
 
 // The CTA's packed rows and key tiles.
@@ -98,164 +113,189 @@ __device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work
   return t;
 }
 
-// Issues the cp.async copies of key tile `tile` (K and V rows) into a ring stage.
+// Issues the cp.async copies of key tile `tile` (K and V rows) into a ring
+// stage. A thread keeps one 16-byte column chunk and walks rows, so each row's
+// page is looked up once for its K and V chunks.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, int tile,
                                           T* stage) {
   using Tr = Traits<HeadDim>;
-  const int keys = p.keys(t.b), d = p.attn.head_dim;
-  constexpr int kPerTensor = Tr::kBlockK * Tr::kChunks;
-  for (int idx = threadIdx.x; idx < 2 * kPerTensor; idx += kThreads) {
-    const bool is_v = idx >= kPerTensor;
-    const int rem = is_v ? idx - kPerTensor : idx;
-    const int key = rem / Tr::kChunks, chunk = rem % Tr::kChunks;
+  const AttentionParams& a = p.attn;
+  constexpr int kRowsPerPass = kThreads / Tr::kChunks;
+  static_assert(kThreads % Tr::kChunks == 0, "whole rows per pass");
+  const int keys = p.keys(t.b), chunk = threadIdx.x % Tr::kChunks;
+  const bool column_ok = chunk * 8 < a.head_dim;
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  for (int key = threadIdx.x / Tr::kChunks; key < Tr::kBlockK; key += kRowsPerPass) {
     const int j = tile * Tr::kBlockK + key;
-    const bool valid = j < keys && chunk * 8 < d;
-    const T* base = static_cast<const T*>(is_v ? p.attn.v : p.attn.k);
-    const T* src = valid ? base + (is_v ? v_cache_offset(p, t.b, j, t.hk) : k_cache_offset(p, t.b, j, t.hk)) + chunk * 8
-                         : base;
-    T* dst = stage + (is_v ? Tr::kBlockK * Tr::kRowElems : 0) + key * Tr::kRowElems + chunk * 8;
-    cp_async_16(smem_addr(dst), src, valid);
+    const bool valid = column_ok && j < keys;
+    int64_t k_off = 0, v_off = 0;
+    if (valid) {
+      const CacheSlot s = cache_slot(p, t.b, j);
+      k_off = slot_offset(s, t.hk, a.k_batch_stride, a.k_row_stride, a.k_head_stride) + chunk * 8;
+      v_off = slot_offset(s, t.hk, a.v_batch_stride, a.v_row_stride, a.v_head_stride) + chunk * 8;
+    }
+    T* dst = stage + key * Tr::kRowElems + chunk * 8;
+    cp_async_16(smem_addr(dst), k + k_off, valid);
+    cp_async_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + v_off, valid);
   }
 }
 
-// q rows of the tile into shared memory as f32, times the softmax scale.
+// The tile's packed q rows into shared memory (zeros past the rows and the head dim).
 template <typename T, int HeadDim>
 __device__ __forceinline__ void load_queries(const KvCacheParams& p, const Work& w, const TileWork& t,
-                                             float* q_s) {
+                                             T* q_s) {
+  using Tr = Traits<HeadDim>;
   const AttentionParams& a = p.attn;
   for (int idx = threadIdx.x; idx < kMaxRows * HeadDim; idx += kThreads) {
     const int r = idx / HeadDim, c = idx % HeadDim;
-    float x = 0.0f;
+    T x = from_float<T>(0.0f);
     if (r < t.rows && c < a.head_dim) {
       const int pr = t.row0 + r, i = pr / t.group, h = t.hk * t.group + pr % t.group;
       const T* q = w.q_rotated != nullptr
                        ? static_cast<const T*>(w.q_rotated) + ((int64_t{t.b} * a.seqlen_q + i) * a.heads_q + h) * a.head_dim
                        : static_cast<const T*>(a.q) + t.b * a.q_batch_stride + i * a.q_row_stride + h * a.q_head_stride;
-      x = to_float(q[c]) * a.scale;
+      x = q[c];
     }
-    q_s[idx] = x;
+    q_s[r * Tr::kRowElems + c] = x;
   }
 }
 
-// Scores of the tile into s_s (log2 domain, softcapped, -inf where masked).
-template <typename T, int HeadDim>
-__device__ __forceinline__ void tile_scores(const KvCacheParams& p, const TileWork& t, int tile,
-                                            const T* k_s, const float* q_s, float* s_s) {
-  using Tr = Traits<HeadDim>;
-  const int key = threadIdx.x / Tr::kThreadsPerKey, part = threadIdx.x % Tr::kThreadsPerKey;
-  float acc[kMaxRows];
-#pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) acc[r] = 0.0f;
-  // Part `part` takes chunks part, part + kThreadsPerKey, ... of the row.
-#pragma unroll 4
-  for (int chunk = part; chunk < Tr::kChunks; chunk += Tr::kThreadsPerKey) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(k_s + key * Tr::kRowElems + chunk * 8);
-    const T* kv = reinterpret_cast<const T*>(&raw);
-    float k8[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) k8[e] = to_float(kv[e]);
-#pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      const float4 qa = *reinterpret_cast<const float4*>(q_s + r * HeadDim + chunk * 8);
-      const float4 qb = *reinterpret_cast<const float4*>(q_s + r * HeadDim + chunk * 8 + 4);
-      acc[r] += qa.x * k8[0] + qa.y * k8[1] + qa.z * k8[2] + qa.w * k8[3] + qb.x * k8[4] +
-                qb.y * k8[5] + qb.z * k8[6] + qb.w * k8[7];
-    }
-  }
-  const MaskPolicy mask = p.mask(t.b);
-  const int j = tile * Tr::kBlockK + key;
-#pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
-#pragma unroll
-    for (int offset = 1; offset < Tr::kThreadsPerKey; offset *= 2) {
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
-    }
-    if (r % Tr::kThreadsPerKey != part) continue;
-    float s = acc[r];
-    if (p.attn.softcap > 0.0f) s = p.attn.softcap * tanhf(s / p.attn.softcap);
-    const int i = (t.row0 + r) / t.group;
-    const bool visible = r < t.rows && mask.visible(i, j);
-    s_s[r * Tr::kBlockK + key] = visible ? s * kLog2e : -INFINITY;
-  }
-}
+__device__ __forceinline__ uint32_t lds32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
-// Online softmax over the tile's scores: P = 2^(s - m_new) in place, the row
-// max, sum and the rescale factor of the accumulators in m_s, l_s, c_s.
+// One warp's state: Q as mma A fragments, its O fragments and the online
+// softmax of its two rows (g and g + 8 of the tile; m in the log2 domain).
 template <int HeadDim>
-__device__ __forceinline__ void tile_softmax(float* s_s, float* m_s, float* l_s, float* c_s) {
+struct WarpState {
   using Tr = Traits<HeadDim>;
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int r = warp; r < kMaxRows; r += kWarps) {
-    float* s = s_s + r * Tr::kBlockK;
-    float m_tile = -INFINITY;
-    for (int j = lane; j < Tr::kBlockK; j += 32) m_tile = fmaxf(m_tile, s[j]);
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, o));
-    const float m_old = m_s[r];
-    const float m_new = fmaxf(m_old, m_tile);
-    float sum = 0.0f;
-    for (int j = lane; j < Tr::kBlockK; j += 32) {
-      const float e = m_new == -INFINITY ? 0.0f : exp2f(s[j] - m_new);
-      s[j] = e;
-      sum += e;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-      const float c = m_new == -INFINITY ? 1.0f : exp2f(m_old - m_new);
-      c_s[r] = c;
-      l_s[r] = l_s[r] * c + sum;
-      m_s[r] = m_new;
-    }
-  }
-}
+  uint32_t q[Tr::kKSteps][4];
+  float o[Tr::kOTiles][4];
+  float m[2];
+  float l[2];
+};
 
-// acc (2 columns x kMaxRows rows of this thread) = acc * c + P V over its keys.
+// S = Q K^T of the warp's 16 keys, scaled, softcapped, masked (log2 domain).
 template <typename T, int HeadDim>
-__device__ __forceinline__ void tile_pv(const T* v_s, const float* p_s, const float* c_s,
-                                        float (&acc)[kMaxRows][2]) {
+__device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileWork& t, int key0,
+                                             const T* k_s, const WarpState<HeadDim>& ws,
+                                             float (&s)[2][4]) {
   using Tr = Traits<HeadDim>;
-  const int pair = threadIdx.x % Tr::kColumnPairs, group = threadIdx.x / Tr::kColumnPairs;
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int slice_key = key0 % Tr::kBlockK;
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
-    acc[r][0] *= c_s[r];
-    acc[r][1] *= c_s[r];
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    const T* row = k_s + (slice_key + nt * 8 + g) * Tr::kRowElems + 2 * tq;
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+      mma_m16n8k16<T>(s[nt], ws.q[ks], lds32(row + ks * 16), lds32(row + ks * 16 + 8));
+    }
   }
-#pragma unroll 4
-  for (int j = group; j < Tr::kBlockK; j += Tr::kKeyGroups) {
-    const T* v = v_s + j * Tr::kRowElems + 2 * pair;
-    const float v0 = to_float(v[0]), v1 = to_float(v[1]);
+  const AttentionParams& a = p.attn;
+  const MaskPolicy mask = p.mask(t.b);
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) {
-      const float pj = p_s[r * Tr::kBlockK + j];
-      acc[r][0] += pj * v0;
-      acc[r][1] += pj * v1;
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + (e >= 2 ? 8 : 0), j = key0 + nt * 8 + 2 * tq + (e & 1);
+      float x = s[nt][e] * a.scale;
+      if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+      const bool visible = r < t.rows && mask.visible((t.row0 + r) / t.group, j);
+      s[nt][e] = visible ? x * kLog2e : -INFINITY;
     }
   }
 }
 
-// Sums the key groups' accumulators (through the drained ring) and writes the
-// rows: the output and lse when the call has one split, else the partial.
+// Online softmax of the slice's scores into P (in place), rescaling O.
+template <int HeadDim>
+__device__ __forceinline__ void slice_softmax(float (&s)[2][4], WarpState<HeadDim>& ws) {
+  using Tr = Traits<HeadDim>;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // row g (h = 0) and g + 8 (h = 1): elements 2h, 2h + 1
+    const float local = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+    const float m_new = fmaxf(ws.m[h], quad_max(local));
+    const float c = m_new == -INFINITY ? 1.0f : exp2f(ws.m[h] - m_new);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[nt][e] = m_new == -INFINITY ? 0.0f : exp2f(s[nt][e] - m_new);
+        sum += s[nt][e];
+      }
+    }
+    ws.l[h] = ws.l[h] * c + quad_sum(sum);
+    ws.m[h] = m_new;
+#pragma unroll
+    for (int ot = 0; ot < Tr::kOTiles; ++ot) {
+      ws.o[ot][2 * h] *= c;
+      ws.o[ot][2 * h + 1] *= c;
+    }
+  }
+}
+
+// O += P V over the slice's 16 keys and the warp's columns; P is the A fragment
+// made of the two score n-tiles (keys 0-7 and 8-15 of the slice).
+template <typename T, int HeadDim>
+__device__ __forceinline__ void slice_pv(const float (&s)[2][4], int slice_key, int column0,
+                                         const T* v_s, WarpState<HeadDim>& ws) {
+  using Tr = Traits<HeadDim>;
+  const uint32_t pa[4] = {MmaType<T>::pack(s[0][0], s[0][1]), MmaType<T>::pack(s[0][2], s[0][3]),
+                          MmaType<T>::pack(s[1][0], s[1][1]), MmaType<T>::pack(s[1][2], s[1][3])};
+  const int lane = threadIdx.x % 32;
+  // ldmatrix.x4.trans: lanes 0-7 / 8-15 address keys 0-7 / 8-15 of columns c..c+7,
+  // lanes 16-31 the same keys of columns c+8..c+15: b0, b1 of two n-tiles.
+  const T* base = v_s + (slice_key + lane % 8 + ((lane / 8) % 2) * 8) * Tr::kRowElems + column0 + (lane / 16) * 8;
+#pragma unroll
+  for (int ot = 0; ot < Tr::kOTiles; ot += 2) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, smem_addr(base + ot * 8));
+    mma_m16n8k16<T>(ws.o[ot], pa, b[0], b[1]);
+    mma_m16n8k16<T>(ws.o[ot + 1], pa, b[2], b[3]);
+  }
+}
+
+// The warps' slices merged (attention/state.h, unnormalised O) through the
+// drained ring, then the rows written: out and lse with one split, else the
+// normalised partial.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w, const TileWork& t,
-                                           float (&acc)[kMaxRows][2], float* scratch,
-                                           const float* m_s, const float* l_s, bool poisoned) {
+                                           const WarpState<HeadDim>& ws, float* scratch,
+                                           bool poisoned) {
   using Tr = Traits<HeadDim>;
   const AttentionParams& a = p.attn;
-  const int pair = threadIdx.x % Tr::kColumnPairs, group = threadIdx.x / Tr::kColumnPairs;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int slice = warp % Tr::kKeySlices, part = warp / Tr::kKeySlices;
+  float* o_s = scratch;                                            // [slice][row][column]
+  float* ml_s = scratch + Tr::kKeySlices * kMaxRows * HeadDim;     // [slice][row][m, l]
 #pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) {
-    scratch[(group * kMaxRows + r) * HeadDim + 2 * pair] = acc[r][0];
-    scratch[(group * kMaxRows + r) * HeadDim + 2 * pair + 1] = acc[r][1];
+  for (int ot = 0; ot < Tr::kOTiles; ++ot) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + (e >= 2 ? 8 : 0), c = part * Tr::kColumns + ot * 8 + 2 * tq + (e & 1);
+      o_s[(slice * kMaxRows + r) * HeadDim + c] = ws.o[ot][e];
+    }
+  }
+  if (part == 0 && tq == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* ml = ml_s + (slice * kMaxRows + g + 8 * h) * 2;
+      ml[0] = ws.m[h] * kLn2;  // the merge works in the natural-log domain
+      ml[1] = ws.l[h];
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < t.rows * a.head_dim; idx += kThreads) {
     const int r = idx / a.head_dim, c = idx % a.head_dim;
     float o = 0.0f;
-    for (int g = 0; g < Tr::kKeyGroups; ++g) o += scratch[(g * kMaxRows + r) * HeadDim + c];
-    const RowState st{m_s[r] * kLn2, l_s[r]};  // m back to the natural-log domain
+    RowState st = RowState::empty();
+    for (int sl = 0; sl < Tr::kKeySlices; ++sl) {
+      const float* ml = ml_s + (sl * kMaxRows + r) * 2;
+      merge(&o, st, &o_s[(sl * kMaxRows + r) * HeadDim + c], RowState{ml[0], ml[1]}, 1,
+            OutputForm::kUnnormalized);
+    }
     o = st.l > 0.0f ? o / st.l : 0.0f;
     float lse = st.lse();
     if (poisoned) o = lse = NAN;
@@ -272,15 +312,11 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
 }
 
 template <typename T, int HeadDim>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const KvCacheParams p, const Work w) {
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams p, const Work w) {
   using Tr = Traits<HeadDim>;
   extern __shared__ __align__(16) uint8_t smem[];
   T* ring = reinterpret_cast<T*>(smem);
-  float* q_s = reinterpret_cast<float*>(smem + Tr::kRingBytesUsed);
-  float* s_s = q_s + kMaxRows * HeadDim;
-  float* m_s = s_s + kMaxRows * Tr::kBlockK;
-  float* l_s = m_s + kMaxRows;
-  float* c_s = l_s + kMaxRows;
+  T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
 
   const TileWork t = tile_work(p, w, Tr::kBlockK);
   // Indices may have changed since the host checked them (graph replays): a
@@ -296,28 +332,43 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const KvCacheParams p,
     cp_async_commit();
   }
   load_queries<T, HeadDim>(p, w, t, q_s);
-  if (threadIdx.x < kMaxRows) {
-    m_s[threadIdx.x] = -INFINITY;
-    l_s[threadIdx.x] = 0.0f;
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int slice = warp % Tr::kKeySlices, column0 = (warp / Tr::kKeySlices) * Tr::kColumns;
+  WarpState<HeadDim> ws;
+#pragma unroll
+  for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+    const T* q = q_s + ks * 16 + 2 * tq;
+    ws.q[ks][0] = lds32(q + g * Tr::kRowElems);
+    ws.q[ks][1] = lds32(q + (g + 8) * Tr::kRowElems);
+    ws.q[ks][2] = lds32(q + g * Tr::kRowElems + 8);
+    ws.q[ks][3] = lds32(q + (g + 8) * Tr::kRowElems + 8);
   }
-  float acc[kMaxRows][2] = {};
+#pragma unroll
+  for (int ot = 0; ot < Tr::kOTiles; ++ot) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ws.o[ot][e] = 0.0f;
+  }
+  ws.m[0] = ws.m[1] = -INFINITY;
+  ws.l[0] = ws.l[1] = 0.0f;
+
   for (int it = 0; it < tiles; ++it) {
+    cp_async_wait<Tr::kStages - 2>();
+    __syncthreads();  // tile `it` landed for every thread; the stage read last turn is free
     const int ahead = it + Tr::kStages - 1;
     if (ahead < tiles) load_tile<T, HeadDim>(p, t, t.tile_begin + ahead, ring + (ahead % Tr::kStages) * kStageElems);
     cp_async_commit();
-    cp_async_wait<Tr::kStages - 1>();
-    __syncthreads();
     const T* k_s = ring + (it % Tr::kStages) * kStageElems;
-    tile_scores<T, HeadDim>(p, t, t.tile_begin + it, k_s, q_s, s_s);
-    __syncthreads();
-    tile_softmax<HeadDim>(s_s, m_s, l_s, c_s);
-    __syncthreads();
-    tile_pv<T, HeadDim>(k_s + Tr::kBlockK * Tr::kRowElems, s_s, c_s, acc);
-    __syncthreads();
+    const int key0 = (t.tile_begin + it) * Tr::kBlockK + slice * Tr::kSliceKeys;
+    float s[2][4];
+    slice_scores<T, HeadDim>(p, t, key0, k_s, ws, s);
+    slice_softmax<HeadDim>(s, ws);
+    slice_pv<T, HeadDim>(s, slice * Tr::kSliceKeys, column0, k_s + Tr::kBlockK * Tr::kRowElems, ws);
   }
   cp_async_wait<0>();
   __syncthreads();
-  write_rows<T, HeadDim>(p, w, t, acc, reinterpret_cast<float*>(smem), m_s, l_s, poisoned);
+  write_rows<T, HeadDim>(p, w, t, ws, reinterpret_cast<float*>(smem), poisoned);
 }
 
 // Merges the splits' partials of one row (block) into out and lse.

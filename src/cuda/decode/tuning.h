@@ -9,9 +9,11 @@ constexpr int kThreads = 128;
 // Packed query rows (query positions x the query heads of one KV head) per CTA:
 // GQA groups of up to 8 at seqlen_q 2 fit one tile, so K/V are read once per group.
 constexpr int kMaxRows = 16;
-// Shared memory a CTA's K/V ring may take: two CTAs per SM fit in the 228 KiB of
-// an H100 SM (and the 164 KiB of an A100 with one CTA plus a second at d <= 128).
-constexpr int kRingBytes = 72 * 1024;
+// Shared memory a CTA's K/V ring may take: three 64-key stages at head dim 128
+// (34 KiB each; two in flight while one is read), and two such CTAs per SM fit
+// the 228 KiB of an H100 SM: ~136 KiB in flight per SM, several times what
+// HBM latency (~1 us) x per-SM bandwidth (3 TB/s / 132 = 23 GB/s) asks for.
+constexpr int kRingBytes = 102 * 1024;
 // Pipeline depth bounds: at least double buffering; beyond four stages the
 // ring only costs occupancy.
 constexpr int kMinStages = 2;
@@ -26,7 +28,7 @@ constexpr int kMinTilesPerSplit = 4;
 constexpr int kMaxSplits = 64;
 
 // Keys per K/V tile: 64 rows of up to 128 columns, 32 rows at head dim 256, so
-// one stage of K and V stays at 32 KiB.
+// one stage of K and V stays near 34 KiB (a multiple of the 16-key mma slice).
 constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket > 128 ? 32 : 64; }
 
 }  // namespace flashattn::cuda::decode
