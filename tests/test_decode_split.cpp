@@ -19,21 +19,28 @@ TEST(DecodeSplits, ACallThatFillsTheGpuIsNotSplit) {
   EXPECT_EQ(choose_splits({16, 8, 3, 16384, kKeys, kSms, 0}), 1);  // 384 CTAs from query tiles
 }
 
-TEST(DecodeSplits, FewCtasSplitUntilTwoPerSm) {
-  // batch 1, 8 KV heads, 256k keys: 8 CTAs -> 33 splits fill 264 = 2 x 132 slots.
-  EXPECT_EQ(choose_splits(shape(1, 8, 262144)), 33);
-  // batch 16 x 8 heads = 128 CTAs: 3 splits reach 2 per SM.
-  EXPECT_EQ(choose_splits(shape(16, 8, 16384)), 3);
+TEST(DecodeSplits, FewCtasSplitIntoWholeWaves) {
+  // batch 1, 8 KV heads, 256k keys: 8 CTAs -> 32 splits, 256 of the 264 = 2 x 132 slots.
+  EXPECT_EQ(choose_splits(shape(1, 8, 262144)), 32);
+  // batch 16 x 8 heads = 128 CTAs: 2 splits (one wave of 256), not 3 (a wave and a half).
+  EXPECT_EQ(choose_splits(shape(16, 8, 16384)), 2);
   for (int batch : {1, 2, 4, 8, 16, 32}) {
     const int s = choose_splits(shape(batch, 8, 65536));
-    EXPECT_GE(int64_t{s} * batch * 8, kCtasPerSm * kSms - batch * 8) << batch;
+    EXPECT_GE(wave_efficiency(int64_t{s} * batch * 8, kCtasPerSm * kSms), 0.9) << batch;
     EXPECT_LE(s, kMaxSplits);
   }
 }
 
+TEST(DecodeSplits, WaveEfficiencyCountsTheLastWave) {
+  EXPECT_DOUBLE_EQ(wave_efficiency(264, 264), 1.0);
+  EXPECT_DOUBLE_EQ(wave_efficiency(132, 264), 0.5);
+  EXPECT_DOUBLE_EQ(wave_efficiency(396, 264), 0.75);  // 1.5 waves
+}
+
 TEST(DecodeSplits, PiecesKeepAMinimumLength) {
-  // 1000 keys = 16 tiles: at most 4 pieces of 4 tiles.
+  // 1000 keys = 16 tiles: at most 4 pieces of 4 tiles; 4096 keys: 16 pieces.
   EXPECT_EQ(choose_splits(shape(1, 8, 1000)), 4);
+  EXPECT_EQ(choose_splits(shape(1, 8, 4096)), 16);
   EXPECT_EQ(choose_splits(shape(1, 8, 64)), 1);
   EXPECT_EQ(choose_splits(shape(1, 8, 0)), 1);
 }

@@ -22,8 +22,12 @@ constexpr int kMaxStages = 4;
 // by a second resident CTA.
 constexpr int kCtasPerSm = 2;
 // A split reads at least this many key tiles: fewer makes the combine's extra
-// traffic (one partial O per split) a visible fraction of the K/V read.
+// traffic (one partial O per split) and the split's start (Q load, pipeline
+// fill) a visible fraction of the K/V read.
 constexpr int kMinTilesPerSplit = 4;
+// The split count takes the fewest splits whose wave efficiency is within this
+// factor of the best count's (more splits only add partials to combine).
+constexpr double kWaveSlack = 0.95;
 // Upper bound on splits (workspace and combine loop length).
 constexpr int kMaxSplits = 64;
 
