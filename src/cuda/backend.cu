@@ -124,14 +124,15 @@ fa_status check_forward(const AttentionParams& p) {
   return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
 }
 
-// Grid dimension y of the decode kernels (sequences).
+// Grid dimensions y and z of the decode kernels (KV heads, sequences).
 constexpr int64_t kMaxGridYZ = 65535;
 
 fa_status check_kvcache(const KvCacheParams& kp) {
   const AttentionParams& p = kp.attn;
   FA_RETURN_IF_ERROR(check_forward(p));
-  if (p.batch > kMaxGridYZ) {
-    return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels take at most 65535 sequences per call");
+  if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
+    return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels take at most 65535 sequences and "
+                                      "65535 KV heads per call");
   }
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{kp.k_new, "k_new"},
                                   {kp.v_new, "v_new"},

@@ -68,7 +68,7 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStre
   auto kernel = decode::decode_kernel<T, HeadDim>;
   // Opting in above 48 KiB of dynamic shared memory is a per-function attribute; it is cheap.
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  const dim3 grid(kp.attn.heads_kv * w.splits * w.query_tiles, kp.attn.batch);
+  const dim3 grid(w.splits * w.query_tiles, kp.attn.heads_kv, kp.attn.batch);
   kernel<<<grid, decode::kThreads, Tr::kSmemBytes, stream>>>(kp, w);
   FA_RETURN_IF_ERROR(launch_error("decode kernel"));
   if (w.splits > 1) {

@@ -95,16 +95,11 @@ struct TileWork {
 };
 
 __device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work& w, int block_keys) {
-  // NOTES: the KV head varies fastest over blockIdx.x, so the CTAs of one
-  // sequence's heads run side by side and read the same cache rows (the heads
-  // of a token are adjacent in memory) at about the same time: DRAM pages are
-  // opened once. Splits next, then query tiles; sequences over blockIdx.y.
   TileWork t;
-  t.hk = blockIdx.x % p.attn.heads_kv;
-  const int rest = blockIdx.x / p.attn.heads_kv;
-  t.split = rest % w.splits;
-  const int qtile = rest / w.splits;
-  t.b = blockIdx.y;
+  t.split = blockIdx.x % w.splits;
+  const int qtile = blockIdx.x / w.splits;
+  t.hk = blockIdx.y;
+  t.b = blockIdx.z;
   t.group = p.attn.group_size();
   t.row0 = qtile * kMaxRows;
   t.rows = min(kMaxRows, p.attn.seqlen_q * t.group - t.row0);
@@ -119,90 +114,51 @@ __device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work
 }
 
 // The rows of a key tile one thread copies: it keeps one 16-byte column chunk
-// and walks rows threadIdx.x / kChunks + n * kRowsPerPass. row[n] is the
-// element offset of row n's slot in k_cache (page * batch stride + slot * row
-// stride); the head and chunk add a constant.
+// and walks rows threadIdx.x / kChunks + n * kRowsPerPass.
 template <int HeadDim>
 struct TileRows {
   static constexpr int kRowsPerPass = kThreads / Traits<HeadDim>::kChunks;
   static constexpr int kRows = Traits<HeadDim>::kBlockK / kRowsPerPass;
   static_assert(kThreads % Traits<HeadDim>::kChunks == 0, "whole rows per pass");
-  int64_t row[kRows];
+  CacheSlot slot[kRows];
 };
-
-// What a thread's copies of every tile share: the head and chunk offsets, and
-// how to find a key's page cheaply.
-struct CopyPlan {
-  int chunk;
-  bool column_ok;
-  bool same_layout;  // v_cache has k_cache's strides: one offset serves both
-  int page_shift;    // log2(block_size) for a power-of-two page size, else -1
-  int64_t k_head, v_head;
-};
-
-__device__ __forceinline__ CopyPlan copy_plan(const KvCacheParams& p, const TileWork& t, int chunks) {
-  const AttentionParams& a = p.attn;
-  CopyPlan c;
-  c.chunk = threadIdx.x % chunks;
-  c.column_ok = c.chunk * 8 < a.head_dim;
-  c.same_layout = a.k_batch_stride == a.v_batch_stride && a.k_row_stride == a.v_row_stride;
-  const int bs = p.block_size;
-  c.page_shift = p.is_paged() && (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
-  c.k_head = t.hk * a.k_head_stride + c.chunk * 8;
-  c.v_head = t.hk * a.v_head_stride + c.chunk * 8;
-  return c;
-}
-
-// k_cache row offset of key j (a valid key of sequence b).
-__device__ __forceinline__ int64_t key_row(const KvCacheParams& p, const CopyPlan& c, int b, int j) {
-  const AttentionParams& a = p.attn;
-  if (!p.is_paged()) {
-    const int64_t row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
-    return row * a.k_batch_stride + static_cast<int64_t>(j) * a.k_row_stride;
-  }
-  const int block = c.page_shift >= 0 ? j >> c.page_shift : j / p.block_size;
-  const int slot = j - block * p.block_size;
-  const int64_t page = p.block_table[b * p.block_table_stride + block];
-  return page * a.k_batch_stride + static_cast<int64_t>(slot) * a.k_row_stride;
-}
 
 // Where this thread's rows of key tile `tile` live. NOTES: with a paged cache
 // this reads the block table; it runs one tile ahead of the copies so the
 // table's latency hides behind a tile of math instead of stalling the issue.
 template <int HeadDim>
-__device__ __forceinline__ void resolve_rows(const KvCacheParams& p, const TileWork& t,
-                                             const CopyPlan& c, int tile, TileRows<HeadDim>& rows) {
+__device__ __forceinline__ void resolve_rows(const KvCacheParams& p, const TileWork& t, int tile,
+                                             TileRows<HeadDim>& rows) {
   const int keys = p.keys(t.b);
 #pragma unroll
   for (int n = 0; n < TileRows<HeadDim>::kRows; ++n) {
     const int j = tile * Traits<HeadDim>::kBlockK + threadIdx.x / Traits<HeadDim>::kChunks +
                   n * TileRows<HeadDim>::kRowsPerPass;
-    rows.row[n] = j < keys ? key_row(p, c, t.b, j) : 0;
+    rows.slot[n] = j < keys ? cache_slot(p, t.b, j) : CacheSlot{0, 0};
   }
 }
 
 // Issues the cp.async copies of key tile `tile` (K and V rows) into a ring stage;
 // rows past the sequence and columns past the head dim are zero-filled.
 template <typename T, int HeadDim>
-__device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, const CopyPlan& c,
-                                          int tile, const TileRows<HeadDim>& rows, T* stage) {
+__device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, int tile,
+                                          const TileRows<HeadDim>& rows, T* stage) {
   using Tr = Traits<HeadDim>;
   const AttentionParams& a = p.attn;
-  const int keys = p.keys(t.b);
+  const int keys = p.keys(t.b), chunk = threadIdx.x % Tr::kChunks;
+  const bool column_ok = chunk * 8 < a.head_dim;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
 #pragma unroll
   for (int n = 0; n < TileRows<HeadDim>::kRows; ++n) {
     const int key = threadIdx.x / Tr::kChunks + n * TileRows<HeadDim>::kRowsPerPass;
-    const int j = tile * Tr::kBlockK + key;
-    const bool valid = c.column_ok && j < keys;
+    const bool valid = column_ok && tile * Tr::kBlockK + key < keys;
     int64_t k_off = 0, v_off = 0;
     if (valid) {
-      k_off = rows.row[n] + c.k_head;
-      v_off = c.same_layout ? rows.row[n] + c.v_head
-                            : v_cache_offset(p, t.b, j, t.hk) + c.chunk * 8;  // rare: own strides
+      k_off = slot_offset(rows.slot[n], t.hk, a.k_batch_stride, a.k_row_stride, a.k_head_stride) + chunk * 8;
+      v_off = slot_offset(rows.slot[n], t.hk, a.v_batch_stride, a.v_row_stride, a.v_head_stride) + chunk * 8;
     }
-    T* dst = stage + key * Tr::kRowElems + c.chunk * 8;
+    T* dst = stage + key * Tr::kRowElems + chunk * 8;
     cp_async_16(smem_addr(dst), k + k_off, valid);
     cp_async_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + v_off, valid);
   }
@@ -393,16 +349,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   const bool poisoned = !__syncthreads_and(in_range);
   const int tiles = poisoned ? 0 : t.tile_end - t.tile_begin;
   constexpr int kStageElems = Tr::kStageBytes / 2;
-  const CopyPlan copy = copy_plan(p, t, Tr::kChunks);
   TileRows<HeadDim> rows;
   for (int s = 0; s < Tr::kStages - 1; ++s) {
     if (s < tiles) {
-      resolve_rows(p, t, copy, t.tile_begin + s, rows);
-      load_tile<T, HeadDim>(p, t, copy, t.tile_begin + s, rows, ring + s * kStageElems);
+      resolve_rows(p, t, t.tile_begin + s, rows);
+      load_tile<T, HeadDim>(p, t, t.tile_begin + s, rows, ring + s * kStageElems);
     }
     cp_async_commit();
   }
-  if (Tr::kStages - 1 < tiles) resolve_rows(p, t, copy, t.tile_begin + Tr::kStages - 1, rows);
+  if (Tr::kStages - 1 < tiles) resolve_rows(p, t, t.tile_begin + Tr::kStages - 1, rows);
   load_queries<T, HeadDim>(p, w, t, q_s);
   __syncthreads();
 
@@ -429,9 +384,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
     cp_async_wait<Tr::kStages - 2>();
     __syncthreads();  // tile `it` landed for every thread; the stage read last turn is free
     const int ahead = it + Tr::kStages - 1;
-    if (ahead < tiles) load_tile<T, HeadDim>(p, t, copy, t.tile_begin + ahead, rows, ring + (ahead % Tr::kStages) * kStageElems);
+    if (ahead < tiles) load_tile<T, HeadDim>(p, t, t.tile_begin + ahead, rows, ring + (ahead % Tr::kStages) * kStageElems);
     cp_async_commit();
-    if (ahead + 1 < tiles) resolve_rows(p, t, copy, t.tile_begin + ahead + 1, rows);
+    if (ahead + 1 < tiles) resolve_rows(p, t, t.tile_begin + ahead + 1, rows);
     const T* k_s = ring + (it % Tr::kStages) * kStageElems;
     const int key0 = (t.tile_begin + it) * Tr::kBlockK + slice * Tr::kSliceKeys;
     float s[2][4];
