@@ -66,8 +66,18 @@ template <typename T, int HeadDim>
 fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   using Tr = decode::Traits<HeadDim>;
   auto kernel = decode::decode_kernel<T, HeadDim>;
+  int optin = 0;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
+  if (optin < Tr::kSmemBytes) {
+    return fail(FA_ERROR_UNSUPPORTED, "the decode kernel for head dim " + std::to_string(kp.attn.head_dim) +
+                                          " needs " + std::to_string(Tr::kSmemBytes) +
+                                          " bytes of shared memory per block; this GPU allows " +
+                                          std::to_string(optin));
+  }
   // Opting in above 48 KiB of dynamic shared memory is a per-function attribute; it is cheap.
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes) != cudaSuccess) {
+    return launch_error("decode kernel shared memory");
+  }
   const dim3 grid(w.splits * w.query_tiles, kp.attn.heads_kv, kp.attn.batch);
   kernel<<<grid, decode::kThreads, Tr::kSmemBytes, stream>>>(kp, w);
   FA_RETURN_IF_ERROR(launch_error("decode kernel"));
