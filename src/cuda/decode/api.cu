@@ -97,6 +97,7 @@ fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t strea
     decode::append_kernel<T><<<grid, decode::kThreads, 0, stream>>>(kp, w);
     FA_RETURN_IF_ERROR(launch_error("append kernel"));
   }
+  if (a.seqlen_q == 0) return FA_OK;  // nothing to attend; the append above still happens
   switch (head_dim_bucket(a.head_dim)) {
     case 64: return launch_decode<T, 64>(kp, w, stream);
     case 128: return launch_decode<T, 128>(kp, w, stream);
@@ -110,7 +111,7 @@ size_t kvcache_workspace_size(const KvCacheParams& kp) { return make_plan(kp).to
 
 fa_status forward_kvcache(const KvCacheParams& kp) {
   const AttentionParams& a = kp.attn;
-  if (a.batch == 0 || a.seqlen_q == 0) return FA_OK;
+  if (a.batch == 0) return FA_OK;
   DeviceGuard guard(a.device_index);
   const Plan plan = make_plan(kp);
   cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
