@@ -131,5 +131,18 @@ TEST_F(CliTest, BenchRunsAndChecks) {
   EXPECT_EQ(r.output.find("\"ok\": false"), std::string::npos) << r.output;
 }
 
+TEST_F(CliTest, DecodeBenchRunsAndChecks) {
+  for (const char* page : {"0", "16"}) {
+    const CliRun r = run_cli(std::string("bench --decode --backend cpu --batches 2 --kv-lens 100,7 --heads 4 "
+                                         "--gqa 2 --head-dims 32 --repeats 2 --warmup 1 --json --page-size ") + page);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("\"ok\": true"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("\"ok\": false"), std::string::npos) << r.output;
+  }
+  const CliRun bad = run_cli("bench --decode --backend cpu --page-size -1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("error"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace flashattn::testing

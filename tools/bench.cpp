@@ -16,6 +16,7 @@
 #include "core/validate.h"
 #include "device.h"
 #include "reference/reference.h"
+#include "tensors.h"
 
 namespace flashattn::tools {
 namespace {
@@ -49,9 +50,13 @@ constexpr const char* kBenchUsage =
     "                       [--tokens N] [--hidden N] [--gqa R] [--causal on|off|both]\n"
     "                       [--backward] [--warmup N] [--repeats N] [--check-rows N]\n"
     "                       [--threads N] [--json]\n"
+    "       flashattn bench --decode [--batches 1,16] [--kv-lens 4096,16384] [--heads N]\n"
+    "                       [--gqa R] [--head-dims D] [--page-size N] [--check-seqs N] ...\n"
     "Times the forward (and with --backward the backward) pass over a sweep of shapes and\n"
     "checks each result against the float64 reference. --protocol runs the sweep of\n"
-    "docs/performance.md (16k tokens, hidden 2048, seqlen 512..16k, hdim 64/128/256).\n";
+    "docs/performance.md (16k tokens, hidden 2048, seqlen 512..16k, hdim 64/128/256).\n"
+    "--decode times one decode step (one query token per sequence) against a KV cache,\n"
+    "contiguous or paged (--page-size), in GB/s of K+V read, checking the first sequences.\n";
 
 // Sweeps: the benchmark protocol (docs/performance.md) on a GPU; on a CPU the same shape of sweep,
 // scaled down so it runs in about a minute on two cores.
@@ -94,36 +99,11 @@ double median(std::vector<double> v) {
 }
 
 fa_tensor rows_tensor(void* data, fa_dtype dtype, fa_backend backend, int b, int s, int h, int d) {
-  fa_tensor t{};
-  t.data = data;
-  t.dtype = dtype;
-  t.device = device_of(backend);
-  t.ndim = 4;
-  const int64_t shape[] = {b, s, h, d};
-  const int64_t strides[] = {int64_t{s} * h * d, int64_t{h} * d, d, 1};
-  std::copy(shape, shape + 4, t.shape);
-  std::copy(strides, strides + 4, t.strides);
-  return t;
+  return make_tensor(data, dtype, {b, s, h, d}, device_of(backend));
 }
 
 fa_tensor lse_tensor(void* data, fa_backend backend, int b, int h, int s) {
-  fa_tensor t{};
-  t.data = data;
-  t.dtype = FA_F32;
-  t.device = device_of(backend);
-  t.ndim = 3;
-  const int64_t shape[] = {b, h, s};
-  const int64_t strides[] = {int64_t{h} * s, s, 1};
-  std::copy(shape, shape + 3, t.shape);
-  std::copy(strides, strides + 3, t.strides);
-  return t;
-}
-
-std::vector<uint8_t> random_bytes(size_t elements, fa_dtype dtype, std::mt19937_64& rng) {
-  std::vector<uint8_t> bytes(elements * dtype_size(dtype));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (size_t i = 0; i < elements; ++i) store_from_float(bytes.data(), static_cast<int64_t>(i), dtype, normal(rng));
-  return bytes;
+  return make_tensor(data, FA_F32, {b, h, s}, device_of(backend));
 }
 
 void fail_call(fa_status st, const char* what) {
@@ -296,6 +276,7 @@ int bench_main(Args& args) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
+  if (args.flag("--decode")) return decode_bench_main(args);
   o.backend = parse_backend(args.value("--backend", "auto"));
   if (auto d = args.value("--dtype", ""); !d.empty()) {
     o.dtype = parse_dtype(d);

@@ -35,6 +35,8 @@ fa_backend parse_backend(const std::string& s);
 fa_dtype parse_dtype(const std::string& s);
 
 int bench_main(Args& args);
+// `bench --decode`: attention against a KV cache (tools/bench_decode.cpp).
+int decode_bench_main(Args& args);
 int run_main(Args& args);
 
 }  // namespace flashattn::tools

@@ -137,6 +137,62 @@ FA_API fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_te
                              const fa_varlen* varlen, const fa_options* options,
                              void* workspace, size_t workspace_bytes);
 
+/* ---- Inference: attention against a KV cache (flash-attn 2.x flash_attn_with_kvcache) ----
+ *
+ * The cache is either contiguous, k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d),
+ * sequence b living in cache row cache_batch_idx[b] (b when NULL), or paged,
+ * k_cache/v_cache (num_blocks, block_size, heads_kv, d) with block_table
+ * (batch, max_blocks) int32: key j of sequence b lives in page block_table[b][j / block_size]
+ * at slot j % block_size. Sequence b holds cache_seqlens[b] tokens (cache_seqlen for every
+ * sequence when cache_seqlens is NULL).
+ *
+ * When k_new/v_new (batch, seqlen_new, heads_kv, d) are given they are written into the cache
+ * in place at positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (also across
+ * pages), and attention sees seqlen_k = cache_seqlens[b] + seqlen_new keys. With rotary_cos /
+ * rotary_sin (seqlen_ro, rotary_dim / 2) the first rotary_dim columns of the new keys are
+ * rotated at their positions, and q row i at position cache_seqlens[b] + i when the call is
+ * causal or windowed, at cache_seqlens[b] otherwise (flash-attn's rule); rotary_interleaved
+ * pairs columns (0,1), (2,3), ... instead of (i, i + rotary_dim/2). Rotary needs k_new.
+ *
+ * q and out are (batch, seqlen_q, heads_q, d), lse (batch, heads_q, seqlen_q) f32 or NULL.
+ * Options as for fa_forward (causal is bottom-right aligned: the last query row sees the
+ * whole cache). Index arrays (block_table, cache_seqlens, cache_batch_idx) live on q's device.
+ * They are checked on the host (a copy back from the device, a synchronization) unless the
+ * stream is being captured into a CUDA graph or trust_indices is 1; the kernels then check
+ * them again and give a sequence with an index out of range NaN output and lse, writing
+ * nothing of it into the cache: a bad index never reads or writes outside the cache. */
+typedef struct fa_kvcache {
+  fa_tensor* k_cache;
+  fa_tensor* v_cache;
+  const int32_t* block_table;       /* NULL: contiguous cache */
+  int64_t block_table_stride;       /* elements between rows of block_table */
+  int32_t max_blocks;               /* columns of block_table */
+  const int32_t* cache_seqlens;     /* int32[batch], or NULL */
+  int32_t cache_seqlen;             /* every sequence's length when cache_seqlens is NULL */
+  const int32_t* cache_batch_idx;   /* int32[batch] or NULL (contiguous caches only) */
+  const fa_tensor* k_new;           /* NULL: nothing appended */
+  const fa_tensor* v_new;
+  const fa_tensor* rotary_cos;      /* NULL: no rotary */
+  const fa_tensor* rotary_sin;
+  int32_t rotary_interleaved;
+  int32_t num_splits;               /* CUDA split-KV pieces per sequence; 0 = heuristic */
+  int32_t trust_indices;            /* 1: skip the host check of the index arrays */
+  int32_t reserved[7];              /* zero */
+} fa_kvcache;
+
+/* An fa_kvcache with every optional field absent (NULL / 0). */
+FA_API fa_kvcache fa_default_kvcache(void);
+
+/* out = attention(q, cache (+ new tokens)); appends k_new/v_new into the cache first.
+ * workspace may be NULL (the CUDA backend then takes what it needs from the stream-ordered
+ * pool; the CPU backend allocates on the host); pass fa_forward_kvcache_workspace_size()
+ * bytes on q's device to keep allocations out of the call (CUDA graphs). */
+FA_API fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
+                                    fa_tensor* lse, const fa_options* options, void* workspace,
+                                    size_t workspace_bytes);
+FA_API fa_status fa_forward_kvcache_workspace_size(const fa_tensor* q, const fa_kvcache* cache,
+                                                   const fa_options* options, size_t* bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -108,4 +108,21 @@ inline void backward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
                     workspace_bytes));
 }
 
+// Attention against a KV cache (see fa_kvcache): appends cache.k_new/v_new in
+// place, then out = attention(q, cache); lse (f32) is written when given.
+inline size_t kvcache_workspace_size(const fa_tensor& q, const fa_kvcache& cache,
+                                     const Options& options = {}) {
+  const fa_options o = options.to_c();
+  size_t bytes = 0;
+  check(fa_forward_kvcache_workspace_size(&q, &cache, &o, &bytes));
+  return bytes;
+}
+
+inline void forward_kvcache(const fa_tensor& q, const fa_kvcache& cache, fa_tensor& out,
+                            fa_tensor* lse = nullptr, const Options& options = {},
+                            void* workspace = nullptr, size_t workspace_bytes = 0) {
+  const fa_options o = options.to_c();
+  check(fa_forward_kvcache(&q, &cache, &out, lse, &o, workspace, workspace_bytes));
+}
+
 }  // namespace flashattn

@@ -24,4 +24,5 @@ from .interface import (  # noqa: E402,F401
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import numbers
 import os
 import sys
 import threading
@@ -47,6 +48,9 @@ __all__ = [
     "backward",
     "forward_workspace_size",
     "backward_workspace_size",
+    "FaKvCache",
+    "forward_kvcache",
+    "forward_kvcache_workspace_size",
 ]
 
 FA_MAX_DIMS = 4
@@ -173,6 +177,27 @@ class FaOptions(ctypes.Structure):
     ]
 
 
+class FaKvCache(ctypes.Structure):
+    _fields_ = [
+        ("k_cache", ctypes.POINTER(FaTensor)),
+        ("v_cache", ctypes.POINTER(FaTensor)),
+        ("block_table", ctypes.c_void_p),
+        ("block_table_stride", ctypes.c_int64),
+        ("max_blocks", ctypes.c_int32),
+        ("cache_seqlens", ctypes.c_void_p),
+        ("cache_seqlen", ctypes.c_int32),
+        ("cache_batch_idx", ctypes.c_void_p),
+        ("k_new", ctypes.POINTER(FaTensor)),
+        ("v_new", ctypes.POINTER(FaTensor)),
+        ("rotary_cos", ctypes.POINTER(FaTensor)),
+        ("rotary_sin", ctypes.POINTER(FaTensor)),
+        ("rotary_interleaved", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),
+        ("trust_indices", ctypes.c_int32),
+        ("reserved", ctypes.c_int32 * 7),
+    ]
+
+
 _P = ctypes.POINTER
 _SIGNATURES = {
     "fa_default_options": (FaOptions, []),
@@ -195,6 +220,10 @@ _SIGNATURES = {
                                    _P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
                                    _P(FaTensor), _P(FaVarlen), _P(FaOptions), ctypes.c_void_p,
                                    ctypes.c_size_t]),
+    "fa_forward_kvcache": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache), _P(FaTensor), _P(FaTensor),
+                                          _P(FaOptions), ctypes.c_void_p, ctypes.c_size_t]),
+    "fa_forward_kvcache_workspace_size": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache),
+                                                         _P(FaOptions), _P(ctypes.c_size_t)]),
 }
 
 
@@ -625,6 +654,27 @@ def _common_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
                 backend=backend, stream=stream, num_threads=num_threads)
 
 
+def _workspace_buffer(workspace, size, c) -> Tuple[Optional[int], int]:
+    """(pointer, bytes) of a caller's workspace: None, a buffer on q's device, or a callable
+    taking the byte count (size()) and returning one."""
+    if callable(workspace):
+        nbytes = size()
+        workspace = workspace(nbytes) if nbytes else None
+    if workspace is None:
+        return None, 0
+    wd = _describe(workspace, "workspace", c.stream)
+    c.keep.append(wd)
+    if not wd.is_contiguous():
+        raise InvalidArgumentError("workspace must be contiguous")
+    if wd.readonly:
+        raise InvalidArgumentError("workspace is read-only")
+    if wd.device != c.qd.device or (wd.device == FA_DEVICE_CUDA
+                                     and wd.device_index != c.qd.device_index):
+        raise InvalidArgumentError("workspace must live on the same device as q")
+    ws_bytes = wd.nbytes
+    return (wd.ptr if ws_bytes > 0 else None), ws_bytes
+
+
 def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
             max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             backend=None, stream=None, deterministic=False, num_threads=0) -> None:
@@ -696,27 +746,133 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
     gq = c.tensor(dq, "dq", output=True)
     gk = c.tensor(dk, "dk", output=True)
     gv = c.tensor(dv, "dv", output=True)
-    ws_ptr, ws_bytes = None, 0
-    if callable(workspace):
+
+    def size():
         nbytes = ctypes.c_size_t(0)
         _check(library().fa_backward_workspace_size(ctypes.byref(c.q), ctypes.byref(c.k),
                                                     ctypes.byref(c.v), c.varlen_ptr,
                                                     ctypes.byref(c.options), ctypes.byref(nbytes)))
-        workspace = workspace(nbytes.value) if nbytes.value else None
-    if workspace is not None:
-        wd = _describe(workspace, "workspace", c.stream)
-        c.keep.append(wd)
-        if not wd.is_contiguous():
-            raise InvalidArgumentError("workspace must be contiguous")
-        if wd.readonly:
-            raise InvalidArgumentError("workspace is read-only")
-        if wd.device != c.qd.device or (wd.device == FA_DEVICE_CUDA
-                                         and wd.device_index != c.qd.device_index):
-            raise InvalidArgumentError("workspace must live on the same device as q")
-        ws_bytes = wd.nbytes
-        ws_ptr = wd.ptr if ws_bytes > 0 else None
+        return nbytes.value
+
+    ws_ptr, ws_bytes = _workspace_buffer(workspace, size, c)
     status = library().fa_backward(
         ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
         ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),
         c.varlen_ptr, ctypes.byref(c.options), ws_ptr, ws_bytes)
+    _check(status)
+
+
+# ----------------------------------------------------------------------------
+# Attention against a KV cache
+
+
+def _index_array(x, name: str, q: _Desc, stream, ndim: int) -> _Desc:
+    """An int32 index array (cache_seqlens, cache_batch_idx, block_table) on q's device."""
+    d = _describe(x, name, stream)
+    if d.dtype != "int32":
+        got = d.dtype if isinstance(d.dtype, str) else _DTYPE_NAMES[d.dtype]
+        raise InvalidArgumentError(f"{name} must be int32, got {got}")
+    if len(d.shape) != ndim:
+        raise InvalidArgumentError(f"{name} must have {ndim} dimension(s), got shape {d.shape}")
+    if d.shape[-1] > 1 and d.strides[-1] != 1:
+        raise InvalidArgumentError(f"{name} must be contiguous in its last dimension")
+    if d.device != q.device or (d.device == FA_DEVICE_CUDA and d.device_index != q.device_index):
+        raise InvalidArgumentError(f"{name} must live on q's device")
+    return d
+
+
+class _KvCall:
+    """One fa_forward_kvcache call's structs, built from Python arguments."""
+
+    def __init__(self, q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
+                 rotary_cos, rotary_sin, rotary_interleaved, num_splits, trust_indices,
+                 softmax_scale, causal, window_size, softcap, backend, stream, num_threads):
+        self.keep = []
+        self.qd = _describe(q, "q")
+        self.stream = _resolve_stream(stream, self.qd)
+        self.q = self.tensor(q, "q", desc=self.qd)
+        c = FaKvCache()
+        self.k_cache = self.tensor(k_cache, "k_cache", output=True)
+        self.v_cache = self.tensor(v_cache, "v_cache", output=True)
+        c.k_cache, c.v_cache = ctypes.pointer(self.k_cache), ctypes.pointer(self.v_cache)
+        for field, x, name in (("k_new", k, "k"), ("v_new", v, "v"), ("rotary_cos", rotary_cos, "rotary_cos"),
+                               ("rotary_sin", rotary_sin, "rotary_sin")):
+            if x is not None:
+                t = self.tensor(x, name)
+                self.keep.append(t)
+                setattr(c, field, ctypes.pointer(t))
+        if cache_seqlens is None:
+            raise InvalidArgumentError("cache_seqlens is required (an int or an int32 tensor (batch,))")
+        if isinstance(cache_seqlens, numbers.Integral):
+            c.cache_seqlen = int(cache_seqlens)
+        else:
+            d = self.index(cache_seqlens, "cache_seqlens", 1)
+            c.cache_seqlens = d.ptr or None
+        if block_table is not None:
+            d = self.index(block_table, "block_table", 2)
+            c.block_table = d.ptr or None
+            c.max_blocks = d.shape[1]
+            c.block_table_stride = d.strides[0] if d.shape[0] > 1 else d.shape[1]
+        if cache_batch_idx is not None:
+            c.cache_batch_idx = self.index(cache_batch_idx, "cache_batch_idx", 1).ptr or None
+        c.rotary_interleaved = 1 if rotary_interleaved else 0
+        c.num_splits = int(num_splits)
+        c.trust_indices = 1 if trust_indices else 0
+        self.cache = c
+        self.options = _options(softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size, softcap=softcap, deterministic=False,
+                                backend=backend, stream=self.stream, num_threads=num_threads)
+
+    def tensor(self, x, name, *, output=False, desc=None):
+        d = desc if desc is not None else _describe(x, name, self.stream)
+        self.keep.append(d)
+        return _fa_tensor(d, name, output=output)
+
+    def index(self, x, name, ndim):
+        d = _index_array(x, name, self.qd, self.stream, ndim)
+        self.keep.append(d)
+        return d
+
+    def workspace_size(self) -> int:
+        nbytes = ctypes.c_size_t(0)
+        _check(library().fa_forward_kvcache_workspace_size(
+            ctypes.byref(self.q), ctypes.byref(self.cache), ctypes.byref(self.options),
+            ctypes.byref(nbytes)))
+        return int(nbytes.value)
+
+
+_KV_DEFAULTS = dict(k=None, v=None, cache_seqlens=None, block_table=None, cache_batch_idx=None,
+                    rotary_cos=None, rotary_sin=None, rotary_interleaved=True, num_splits=0,
+                    trust_indices=False, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, backend=None, stream=None, num_threads=0)
+
+
+def forward_kvcache_workspace_size(q, k_cache, v_cache, **kwargs) -> int:
+    """Bytes of scratch memory forward_kvcache() needs on q's device (same keyword arguments)."""
+    return _KvCall(q, k_cache, v_cache, **{**_KV_DEFAULTS, **kwargs}).workspace_size()
+
+
+def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwargs) -> None:
+    """Attention of q against a KV cache, appending k/v into it first (in place).
+
+    q (batch, seqlen_q, heads_q, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d),
+    or (num_blocks, block_size, heads_kv, d) with block_table (batch, max_blocks) int32;
+    cache_seqlens an int or int32 (batch,); k/v (batch, seqlen_new, heads_kv, d) or None;
+    rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2); cache_batch_idx int32 (batch,) or None.
+    out like q; lse f32 (batch, heads_q, seqlen_q) or None. ``workspace``: None (the library
+    allocates), a buffer of at least forward_kvcache_workspace_size() bytes on q's device, or a
+    callable taking that byte count and returning one. Index arrays are checked on the host
+    (a synchronization on CUDA) unless trust_indices=True or a CUDA graph is being captured.
+    """
+    unknown = set(kwargs) - set(_KV_DEFAULTS)
+    if unknown:
+        raise TypeError(f"forward_kvcache() got unexpected keyword arguments {sorted(unknown)}")
+    c = _KvCall(q, k_cache, v_cache, **{**_KV_DEFAULTS, **kwargs})
+    o = c.tensor(out, "out", output=True)
+    lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
+    ws_ptr, ws_bytes = _workspace_buffer(workspace, c.workspace_size, c)
+    status = library().fa_forward_kvcache(ctypes.byref(c.q), ctypes.byref(c.cache),
+                                          ctypes.byref(o),
+                                          ctypes.byref(lse_t) if lse_t is not None else None,
+                                          ctypes.byref(c.options), ws_ptr, ws_bytes)
     _check(status)

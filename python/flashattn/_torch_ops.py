@@ -17,6 +17,10 @@ Ops:
   flashattn::varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, softmax_scale, causal, window_left, window_right,
                         softcap, deterministic) -> (dq, dk, dv)
+  flashattn::fwd_kvcache(q, k_cache!, v_cache!, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
+                         window_left, window_right, softcap, rotary_interleaved,
+                         num_splits) -> (out, lse)   (appends k/v into the caches in place)
 
 attention() and varlen_attention() are what flash_attn_func and flash_attn_varlen_func
 call: the custom ops while torch.compile traces, an autograd.Function over the same
@@ -28,14 +32,15 @@ differentiable: no gradient flows back through it.
 """
 
 import contextlib
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _capi
 
-__all__ = ["fwd", "bwd", "varlen_fwd", "varlen_bwd", "attention", "varlen_attention"]
+__all__ = ["fwd", "bwd", "varlen_fwd", "varlen_bwd", "attention", "varlen_attention",
+           "fwd_kvcache", "attention_kvcache"]
 
 
 def _prep(x: Tensor) -> Tensor:
@@ -273,3 +278,67 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                           *params)
     return _Attention.apply(q, k, v, params, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                               max_seqlen_k))
+
+
+# ----------------------------------------------------------------------------
+# Attention against a KV cache (inference; no autograd)
+
+
+def _forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
+                     window_left, window_right, softcap, rotary_interleaved, num_splits):
+    # The caches are written in place: they are passed as they are, never copied.
+    q = _prep(q)
+    out = _empty_like_shape(q)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    device = q.device
+
+    def workspace(nbytes):
+        # torch's caching allocator: no cudaMalloc on the hot path, capturable in CUDA graphs.
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    indices = {name: (x.contiguous() if x is not None else None)
+               for name, x in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                               ("block_table", block_table))}
+    with _device_guard(q):
+        _capi.forward_kvcache(
+            q, k_cache, v_cache, out, lse, workspace=workspace,
+            k=_prep(k) if k is not None else None, v=_prep(v) if v is not None else None,
+            rotary_cos=_prep(rotary_cos) if rotary_cos is not None else None,
+            rotary_sin=_prep(rotary_sin) if rotary_sin is not None else None,
+            cache_seqlens=indices["cache_seqlens"] if cache_seqlens is not None else int(cache_seqlen),
+            cache_batch_idx=indices["cache_batch_idx"], block_table=indices["block_table"],
+            rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+            softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
+            softcap=softcap)
+    return out, lse
+
+
+@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                cache_seqlens: Optional[Tensor], cache_seqlen: int,
+                cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
+                softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                softcap: float, rotary_interleaved: bool,
+                num_splits: int) -> Tuple[Tensor, Tensor]:
+    return _forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                            cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
+                            window_left, window_right, softcap, rotary_interleaved, num_splits)
+
+
+@fwd_kvcache.register_fake
+def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
+      cache_batch_idx, block_table, softmax_scale, causal, window_left, window_right, softcap,
+      rotary_interleaved, num_splits):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+def attention_kvcache(*args):
+    """(out, lse) of fwd_kvcache's arguments: the custom op under torch.compile, the library
+    call directly otherwise (a custom op's dispatch costs more host time than a decode step)."""
+    if _compiling():
+        return fwd_kvcache(*args)
+    return _forward_kvcache(*args)

@@ -6,13 +6,18 @@ variants). PyTorch tensors go through flashattn._torch_ops (CPU and CUDA): an
 autograd function in eager mode, the custom ops under torch.compile; NumPy
 arrays (float32/float16) get the forward pass only, through the C ABI directly.
 
+flash_attn_with_kvcache (inference against a KV cache, contiguous or paged
+through block_table) works on torch tensors (CPU and CUDA, torch.compile, CUDA
+graphs) and NumPy arrays (CPU).
+
 Not implemented (NotImplementedError, never ignored): dropout_p > 0,
-alibi_slopes, block_table. return_attn_probs=True returns
+alibi_slopes, block_table in the non-cache functions, cache_leftpad. return_attn_probs=True returns
 (out, softmax_lse, S_dmask) like flash-attn; flash-attn only fills S_dmask when
 dropout_p > 0, which is not supported here, so S_dmask is always None.
 """
 
 import math
+import numbers
 
 from . import _capi
 
@@ -31,6 +36,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
 ]
 
 
@@ -197,3 +203,57 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)
+
+
+def _cache_capacity(k_cache, block_table):
+    if block_table is None:
+        return int(k_cache.shape[1])
+    return int(block_table.shape[1]) * int(k_cache.shape[1])
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention against a KV cache, appending k/v into it in place (flash-attn 2.x signature).
+
+    q: (batch, seqlen_q, nheads, headdim). k_cache/v_cache: (batch_cache, seqlen_cache,
+    nheads_k, headdim), or with block_table (batch, max_blocks) int32 a paged cache
+    (num_blocks, page_block_size, nheads_k, headdim). k/v: (batch, seqlen_new, nheads_k,
+    headdim) new tokens written at positions cache_seqlens .. cache_seqlens + seqlen_new - 1.
+    cache_seqlens: int or int32 (batch,) tokens already in the cache (None: the whole cache).
+    rotary_cos/rotary_sin: (seqlen_ro, rotary_dim / 2), applied to q and the new k at their
+    positions (q at cache_seqlens only when neither causal nor windowed); rotary_interleaved
+    pairs dims (0, 1), (2, 3)... instead of (i, i + rotary_dim / 2). cache_batch_idx: int32
+    (batch,) cache rows of a contiguous cache. causal is bottom-right aligned. num_splits:
+    split-KV pieces on CUDA (0 = heuristic).
+
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads,
+    seqlen_q) float32) with return_softmax_lse.
+    """
+    _check_unsupported(0.0, alibi_slopes)
+    if cache_leftpad is not None:
+        raise NotImplementedError("flashattn does not implement cache_leftpad: it must be None")
+    window = _window(window_size)
+    scale = _scale(softmax_scale, q.shape[-1])
+    if cache_seqlens is None:
+        cache_seqlens = _cache_capacity(k_cache, block_table)
+    one_length = isinstance(cache_seqlens, numbers.Integral)
+    if _is_torch(q):
+        out, lse = _torch_ops.attention_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+            None if one_length else cache_seqlens, int(cache_seqlens) if one_length else 0,
+            cache_batch_idx, block_table, scale, bool(causal), window[0], window[1],
+            float(softcap), bool(rotary_interleaved), int(num_splits))
+        return (out, lse) if return_softmax_lse else out
+    import numpy as np
+    q = np.asarray(q)
+    out = np.empty(q.shape, dtype=q.dtype)
+    lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
+    _capi.forward_kvcache(q, k_cache, v_cache, out, lse, k=k, v=v, cache_seqlens=cache_seqlens,
+                          block_table=block_table, cache_batch_idx=cache_batch_idx,
+                          rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                          rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+                          softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
+    return (out, lse) if return_softmax_lse else out

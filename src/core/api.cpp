@@ -46,6 +46,19 @@ fa_status workspace_query(const fa_tensor* q, const fa_tensor* k, const fa_tenso
   });
 }
 
+// The index arrays are checked on the host unless the caller vouches for them
+// or the call is being captured into a CUDA graph (no copy back is allowed
+// there; the kernels guard every index instead).
+fa_status check_indices_unless_trusted(const KvCacheParams& kp, bool use_cuda) {
+  if (kp.trust_indices) return FA_OK;
+  if (use_cuda) {
+    bool capturing = false;
+    FA_RETURN_IF_ERROR(cuda::stream_is_capturing(kp.attn.stream, kp.attn.device_index, &capturing));
+    if (capturing) return FA_OK;
+  }
+  return check_kvcache_indices(kp);
+}
+
 bool cpu_available(const char** why) {
   *why = "";
   return true;
@@ -168,6 +181,44 @@ fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v
       return cuda::backward(p);
     }
     return cpu::backward(p);
+  });
+}
+
+fa_kvcache fa_default_kvcache(void) {
+  fa_kvcache c{};
+  return c;
+}
+
+fa_status fa_forward_kvcache_workspace_size(const fa_tensor* q, const fa_kvcache* cache,
+                                            const fa_options* options, size_t* bytes) {
+  return guarded([&]() -> fa_status {
+    if (bytes == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "bytes is a null pointer");
+    KvCacheParams kp;
+    FA_RETURN_IF_ERROR(make_kvcache_params({q, cache, nullptr, nullptr, options}, &kp));
+    const bool use_cuda = resolve_backend(*options, *q) == FA_BACKEND_CUDA;
+    *bytes = use_cuda ? cuda::kvcache_workspace_size(kp) : cpu::kvcache_workspace_size(kp);
+    return FA_OK;
+  });
+}
+
+fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
+                             fa_tensor* lse, const fa_options* options, void* workspace,
+                             size_t workspace_bytes) {
+  return guarded([&]() -> fa_status {
+    if (out == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "out is a null pointer");
+    KvCacheParams kp;
+    FA_RETURN_IF_ERROR(make_kvcache_params({q, cache, out, lse, options}, &kp));
+    const bool use_cuda = resolve_backend(*options, *q) == FA_BACKEND_CUDA;
+    if (use_cuda) FA_RETURN_IF_ERROR(cuda::check_kvcache(kp));
+    FA_RETURN_IF_ERROR(check_indices_unless_trusted(kp, use_cuda));
+    const size_t needed = use_cuda ? cuda::kvcache_workspace_size(kp) : cpu::kvcache_workspace_size(kp);
+    if (workspace != nullptr && workspace_bytes < needed) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, "workspace has " + std::to_string(workspace_bytes) +
+                                                 " bytes, the call needs " + std::to_string(needed));
+    }
+    kp.attn.workspace = workspace;
+    kp.attn.workspace_bytes = workspace != nullptr ? workspace_bytes : 0;
+    return use_cuda ? cuda::forward_kvcache(kp) : cpu::forward_kvcache(kp);
   });
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "core/kvcache.h"
 #include "core/params.h"
 
 namespace flashattn {
@@ -12,6 +13,9 @@ fa_status forward(const AttentionParams& params);
 fa_status backward(const AttentionParams& params);
 size_t forward_workspace_size(const AttentionParams& params);
 size_t backward_workspace_size(const AttentionParams& params);
+// Attention against a KV cache (appends first). Index arrays arrive checked.
+fa_status forward_kvcache(const KvCacheParams& params);
+size_t kvcache_workspace_size(const KvCacheParams& params);
 }  // namespace cpu
 
 namespace cuda {
@@ -23,6 +27,14 @@ fa_status check_backward(const AttentionParams& params);
 fa_status forward(const AttentionParams& params);
 fa_status backward(const AttentionParams& params);
 size_t backward_workspace_size(const AttentionParams& params);
+// Attention against a KV cache: GPU-specific checks, workspace (bytes on the
+// device: rotated q, split partials) and the call. With no workspace given the
+// call takes it from the stream-ordered pool.
+fa_status check_kvcache(const KvCacheParams& params);
+size_t kvcache_workspace_size(const KvCacheParams& params);
+fa_status forward_kvcache(const KvCacheParams& params);
+// Whether `stream` is capturing a CUDA graph (nothing may synchronize then).
+fa_status stream_is_capturing(void* stream, int device_index, bool* capturing);
 // Copies device memory to the host (used to validate cu_seqlens).
 fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index);
 }  // namespace cuda

@@ -1,6 +1,7 @@
 // Turns C API arguments into validated AttentionParams, or a clear error.
 #pragma once
 
+#include "core/kvcache.h"
 #include "core/params.h"
 
 namespace flashattn {
@@ -38,5 +39,19 @@ fa_status make_backward_params(const BackwardArgs& args, AttentionParams* params
 fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                             const fa_varlen* varlen, const fa_options* options,
                             AttentionParams* params);
+
+struct KvCacheArgs {
+  const fa_tensor* q;
+  const fa_kvcache* cache;
+  const fa_tensor* out;  // null for workspace queries
+  const fa_tensor* lse;  // may be null
+  const fa_options* options;
+};
+
+// Shapes, dtypes, devices, options and the cache layout (no index array is read).
+fa_status make_kvcache_params(const KvCacheArgs& args, KvCacheParams* params);
+// Reads the index arrays (cache_seqlens, cache_batch_idx, block_table; copied
+// from the device when they live there) and checks every one a call would use.
+fa_status check_kvcache_indices(const KvCacheParams& params);
 
 }  // namespace flashattn

@@ -55,32 +55,53 @@ inline void with_loader(fa_dtype dtype, Fn&& fn) {
   }
 }
 
-// dst[r][c] = src(row0 + r)[c] * multiplier, rows beyond `rows` zero-filled to `tile_rows`.
-inline void load_tile(const AttentionParams& p, const RowTensor& t, int b, int64_t seq_first_row,
-                      int row0, int rows, int tile_rows, int head, float multiplier, float* dst) {
+// dst[r][c] = base[offset(row0 + r) + c] * multiplier, rows beyond `rows`
+// zero-filled to `tile_rows`; offset(row) is the element offset of a row's head.
+template <typename OffsetFn>
+inline void load_rows(const AttentionParams& p, const void* base, OffsetFn offset, int row0,
+                      int rows, int tile_rows, float multiplier, float* dst) {
   const int d = p.head_dim;
   with_loader(p.dtype, [&](auto load) {
     for (int r = 0; r < rows; ++r) {
-      const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride,
-                                     t.row_stride, t.head_stride, p.is_varlen());
-      for (int c = 0; c < d; ++c) dst[r * d + c] = load(t.data, off + c) * multiplier;
+      const int64_t off = offset(row0 + r);
+      for (int c = 0; c < d; ++c) dst[r * d + c] = load(base, off + c) * multiplier;
     }
   });
   std::fill(dst + rows * d, dst + tile_rows * d, 0.0f);
 }
 
-// dst[c][r] = src(row0 + r)[c]: K^T, so S = Q K^T runs its inner loop over keys.
-inline void load_tile_transposed(const AttentionParams& p, const RowTensor& t, int b,
-                                 int64_t seq_first_row, int row0, int rows, int head, float* dst) {
+// dst[c][r] = base[offset(row0 + r) + c]: K^T, so S = Q K^T runs its inner loop over keys.
+template <typename OffsetFn>
+inline void load_rows_transposed(const AttentionParams& p, const void* base, OffsetFn offset,
+                                 int row0, int rows, float* dst) {
   const int d = p.head_dim;
   with_loader(p.dtype, [&](auto load) {
     for (int r = 0; r < rows; ++r) {
-      const int64_t off = row_offset(b, seq_first_row, row0 + r, head, t.batch_stride,
-                                     t.row_stride, t.head_stride, p.is_varlen());
-      for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = load(t.data, off + c);
+      const int64_t off = offset(row0 + r);
+      for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = load(base, off + c);
     }
   });
   for (int c = 0; c < d; ++c) std::fill(dst + c * kBlockK + rows, dst + (c + 1) * kBlockK, 0.0f);
+}
+
+// Row offsets of a RowTensor's (sequence b, head) rows.
+inline auto row_offsets(const AttentionParams& p, const RowTensor& t, int b, int64_t seq_first_row,
+                        int head) {
+  return [&p, t, b, seq_first_row, head](int r) {
+    return row_offset(b, seq_first_row, r, head, t.batch_stride, t.row_stride, t.head_stride,
+                      p.is_varlen());
+  };
+}
+
+inline void load_tile(const AttentionParams& p, const RowTensor& t, int b, int64_t seq_first_row,
+                      int row0, int rows, int tile_rows, int head, float multiplier, float* dst) {
+  load_rows(p, t.data, row_offsets(p, t, b, seq_first_row, head), row0, rows, tile_rows,
+            multiplier, dst);
+}
+
+inline void load_tile_transposed(const AttentionParams& p, const RowTensor& t, int b,
+                                 int64_t seq_first_row, int row0, int rows, int head, float* dst) {
+  load_rows_transposed(p, t.data, row_offsets(p, t, b, seq_first_row, head), row0, rows, dst);
 }
 
 // The dense inner loops, in kernels.cpp (compiled for AVX2+FMA where the CPU has

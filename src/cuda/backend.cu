@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/backends.h"
 #include "core/error.h"
@@ -123,6 +124,37 @@ fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_inde
 fa_status check_forward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
   return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
+}
+
+// Grid dimensions y and z of the decode kernels (KV heads, sequences).
+constexpr int64_t kMaxGridYZ = 65535;
+
+fa_status check_kvcache(const KvCacheParams& kp) {
+  const AttentionParams& p = kp.attn;
+  FA_RETURN_IF_ERROR(check_forward(p));
+  if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
+    return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels take at most 65535 sequences and "
+                                      "65535 KV heads per call");
+  }
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{kp.k_new, "k_new"},
+                                  {kp.v_new, "v_new"},
+                                  {kp.rotary_cos, "rotary_cos"},
+                                  {kp.rotary_sin, "rotary_sin"},
+                                  {kp.block_table, "block_table"},
+                                  {kp.cache_seqlens, "cache_seqlens"},
+                                  {kp.cache_batch_idx, "cache_batch_idx"}}) {
+    FA_RETURN_IF_ERROR(check_device_pointer(ptr, name, p.device_index));
+  }
+  return FA_OK;
+}
+
+fa_status stream_is_capturing(void* stream, int device_index, bool* capturing) {
+  DeviceGuard guard(device_index);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+  if (err != cudaSuccess) return cuda_error(err, "cudaStreamIsCapturing");
+  *capturing = status != cudaStreamCaptureStatusNone;
+  return FA_OK;
 }
 
 fa_status check_backward(const AttentionParams& p) {

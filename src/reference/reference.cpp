@@ -1,8 +1,10 @@
 #include "reference/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "attention/rotary.h"
 #include "core/dtype.h"
 #include "core/layout.h"
 #include "core/parallel.h"
@@ -80,36 +82,132 @@ double default_atol(fa_dtype dtype) {
   }
 }
 
+namespace {
+
+// Rows i = 0, row_stride, ... of one (sequence, query head h): q (seqlen_q x d),
+// k and v (seqlen_k x d) in double; output row i goes to canonical row first_row + i.
+void attend_head(const AttentionParams& p, const MaskPolicy& mask, const Rounder& round,
+                 const std::vector<double>& q, const std::vector<double>& k,
+                 const std::vector<double>& v, int64_t first_row, int h, int row_stride,
+                 ForwardResult& r) {
+  const int d = p.head_dim;
+  std::vector<double> s(mask.seqlen_k), prob(mask.seqlen_k);
+  for (int i = 0; i < mask.seqlen_q; i += row_stride) {
+    const int64_t row = first_row + i;
+    if (score_row(p, mask, round, &q[static_cast<size_t>(i) * d], k, i, s) == 0) continue;
+    r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, mask.seqlen_k, prob);
+    double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
+    for (int j = 0; j < mask.seqlen_k; ++j) {
+      const double pj = round(prob[j]);
+      if (pj == 0) continue;
+      for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
+    }
+    for (int c = 0; c < d; ++c) o[c] = round(o[c]);
+  }
+}
+
+ForwardResult empty_result(const AttentionParams& p) {
+  ForwardResult r;
+  r.out.assign(static_cast<size_t>(p.total_q) * p.heads_q * p.head_dim, 0.0);
+  r.lse.assign(static_cast<size_t>(p.total_q) * p.heads_q, kNegInf);
+  return r;
+}
+
+}  // namespace
+
 ForwardResult forward(const AttentionParams& p, Precision precision, int row_stride) {
   const Rounder round{p.dtype, precision == Precision::kFloat64};
-  const int d = p.head_dim;
-  ForwardResult r;
-  r.out.assign(static_cast<size_t>(p.total_q) * p.heads_q * d, 0.0);
-  r.lse.assign(static_cast<size_t>(p.total_q) * p.heads_q, kNegInf);
+  ForwardResult r = empty_result(p);
   parallel_for(static_cast<int64_t>(p.batch) * p.heads_q, p.num_threads, [&](int64_t item, int) {
     const int b = static_cast<int>(item / p.heads_q), h = static_cast<int>(item % p.heads_q);
     const int hk = h / p.group_size();
     const SequenceInfo seq = sequence_info(p, b);
-    const MaskPolicy mask = mask_for(p, seq);
     const auto q = load_rows(p.q, p.dtype, p, b, seq.row_q, seq.seqlen_q, h, p.q_batch_stride,
                              p.q_row_stride, p.q_head_stride);
     const auto k = load_rows(p.k, p.dtype, p, b, seq.row_k, seq.seqlen_k, hk, p.k_batch_stride,
                              p.k_row_stride, p.k_head_stride);
     const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, seq.seqlen_k, hk, p.v_batch_stride,
                              p.v_row_stride, p.v_head_stride);
-    std::vector<double> s(seq.seqlen_k), prob(seq.seqlen_k);
-    for (int i = 0; i < seq.seqlen_q; i += row_stride) {
-      const int64_t row = seq.row_q + i;
-      if (score_row(p, mask, round, &q[static_cast<size_t>(i) * d], k, i, s) == 0) continue;
-      r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, seq.seqlen_k, prob);
-      double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
-      for (int j = 0; j < seq.seqlen_k; ++j) {
-        const double pj = round(prob[j]);
-        if (pj == 0) continue;
-        for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
+    attend_head(p, mask_for(p, seq), round, q, k, v, seq.row_q, h, row_stride, r);
+  });
+  return r;
+}
+
+namespace {
+
+// x rotated (in double) at `position` with the call's tables; rounded as stored.
+void rotate_row(const KvCacheParams& kp, const Rounder& round, int position, double* x) {
+  const fa_dtype t = kp.attn.dtype;
+  const int64_t cos_row = position * kp.cos_row_stride, sin_row = position * kp.sin_row_stride;
+  rotate(x, kp.rotary_dim, kp.rotary_interleaved,
+         [&](int i) { return static_cast<double>(load_as_float(kp.rotary_cos, cos_row + i, t)); },
+         [&](int i) { return static_cast<double>(load_as_float(kp.rotary_sin, sin_row + i, t)); });
+  for (int c = 0; c < kp.attn.head_dim; ++c) x[c] = round(x[c]);
+}
+
+// New keys (rotated) and values of every sequence, [batch][seqlen_new][heads_kv][d].
+void appended_rows(const KvCacheParams& kp, const Rounder& round, KvCacheResult& r) {
+  const AttentionParams& p = kp.attn;
+  const int d = p.head_dim;
+  const size_t n = static_cast<size_t>(p.batch) * kp.seqlen_new * p.heads_kv * d;
+  r.k_appended.assign(n, 0.0);
+  r.v_appended.assign(n, 0.0);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int i = 0; i < kp.seqlen_new; ++i) {
+      for (int hk = 0; hk < p.heads_kv; ++hk) {
+        const size_t at = ((static_cast<size_t>(b) * kp.seqlen_new + i) * p.heads_kv + hk) * d;
+        const int64_t kn = b * kp.kn_batch_stride + i * kp.kn_row_stride + hk * kp.kn_head_stride;
+        const int64_t vn = b * kp.vn_batch_stride + i * kp.vn_row_stride + hk * kp.vn_head_stride;
+        for (int c = 0; c < d; ++c) {
+          r.k_appended[at + c] = load_as_float(kp.k_new, kn + c, p.dtype);
+          r.v_appended[at + c] = load_as_float(kp.v_new, vn + c, p.dtype);
+        }
+        if (kp.has_rotary()) rotate_row(kp, round, kp.cached_tokens(b) + i, &r.k_appended[at]);
       }
-      for (int c = 0; c < d; ++c) o[c] = round(o[c]);
     }
+  }
+}
+
+// Keys (or values) of sequence b, head hk: the cache's rows, then the appended ones.
+std::vector<double> sequence_keys(const KvCacheParams& kp, int b, int hk, bool values,
+                                  const std::vector<double>& appended) {
+  const AttentionParams& p = kp.attn;
+  const int d = p.head_dim, cached = kp.cached_tokens(b);
+  std::vector<double> rows(static_cast<size_t>(kp.keys(b)) * d);
+  for (int j = 0; j < cached; ++j) {
+    const int64_t off = values ? v_cache_offset(kp, b, j, hk) : k_cache_offset(kp, b, j, hk);
+    for (int c = 0; c < d; ++c) {
+      rows[static_cast<size_t>(j) * d + c] = load_as_float(values ? p.v : p.k, off + c, p.dtype);
+    }
+  }
+  for (int i = 0; i < kp.seqlen_new; ++i) {
+    const size_t at = ((static_cast<size_t>(b) * kp.seqlen_new + i) * p.heads_kv + hk) * d;
+    std::copy(&appended[at], &appended[at] + d, &rows[static_cast<size_t>(cached + i) * d]);
+  }
+  return rows;
+}
+
+}  // namespace
+
+KvCacheResult forward_kvcache(const KvCacheParams& kp, Precision precision) {
+  const AttentionParams& p = kp.attn;
+  const Rounder round{p.dtype, precision == Precision::kFloat64};
+  KvCacheResult r;
+  r.attention = empty_result(p);
+  appended_rows(kp, round, r);
+  parallel_for(static_cast<int64_t>(p.batch) * p.heads_q, p.num_threads, [&](int64_t item, int) {
+    const int b = static_cast<int>(item / p.heads_q), h = static_cast<int>(item % p.heads_q);
+    const int hk = h / p.group_size(), d = p.head_dim;
+    auto q = load_rows(p.q, p.dtype, p, b, 0, p.seqlen_q, h, p.q_batch_stride, p.q_row_stride,
+                       p.q_head_stride);
+    if (kp.has_rotary()) {
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        rotate_row(kp, round, kp.query_position(b, i), &q[static_cast<size_t>(i) * d]);
+      }
+    }
+    const auto k = sequence_keys(kp, b, hk, false, r.k_appended);
+    const auto v = sequence_keys(kp, b, hk, true, r.v_appended);
+    attend_head(p, kp.mask(b), round, q, k, v, int64_t{b} * p.seqlen_q, h, 1, r.attention);
   });
   return r;
 }

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "core/kvcache.h"
 #include "core/params.h"
 
 namespace flashattn::reference {
@@ -34,6 +35,17 @@ struct BackwardResult {
 // Only query rows with (row % row_stride == 0) are computed when row_stride > 1
 // (the others stay 0): for sub-sampled checks of large shapes.
 ForwardResult forward(const AttentionParams& p, Precision precision, int row_stride = 1);
+
+// Attention against a KV cache (p's cache contents before the call; nothing is
+// written): out/lse canonical as above with total_q = batch * seqlen_q, and the
+// rows the call appends, k rotated, [batch][seqlen_new][heads_kv][head_dim].
+// Every sequence's indices must be valid.
+struct KvCacheResult {
+  ForwardResult attention;
+  std::vector<double> k_appended;
+  std::vector<double> v_appended;
+};
+KvCacheResult forward_kvcache(const KvCacheParams& p, Precision precision);
 
 // The tolerance rule every check uses: a backend's max error versus fp64 may be
 // at most 2x the error of naive attention in the input dtype, plus this atol.

@@ -1,0 +1,293 @@
+"""flash_attn_with_kvcache: the NumPy path (CPU backend) and torch (CPU, torch.compile;
+CUDA: CUDA-graph capture and replay), against a float64 reference that gathers each
+sequence's keys from the cache the way flash-attn defines it."""
+
+import numpy as np
+import pytest
+
+import _reference as ref
+import flashattn
+from flashattn import _capi
+
+ROTARY_BASE = 10000.0
+
+
+def rotary_tables(seqlen_ro, rotary_dim, dtype=np.float32):
+    i = np.arange(rotary_dim // 2)
+    angle = np.arange(seqlen_ro)[:, None] * ROTARY_BASE ** (-2.0 * i / rotary_dim)[None, :]
+    return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+
+
+def rotate(x, cos, sin, positions, interleaved):
+    """x (s, h, d) rotated at positions (s,) in float64."""
+    x = np.asarray(x, np.float64).copy()
+    rd = 2 * cos.shape[1]
+    c, s = cos[positions][:, None, :].astype(np.float64), sin[positions][:, None, :].astype(np.float64)
+    if interleaved:
+        x0, x1 = x[..., 0:rd:2].copy(), x[..., 1:rd:2].copy()
+        x[..., 0:rd:2], x[..., 1:rd:2] = x0 * c - x1 * s, x0 * s + x1 * c
+    else:
+        x0, x1 = x[..., : rd // 2].copy(), x[..., rd // 2: rd].copy()
+        x[..., : rd // 2], x[..., rd // 2: rd] = x0 * c - x1 * s, x0 * s + x1 * c
+    return x
+
+
+class Cache:
+    """A random cache (contiguous, or paged with a shuffled block table) and new tokens."""
+
+    def __init__(self, rng, lengths, seqlen_q, hq, hkv, d, new=0, page=0, rotary_dim=0,
+                 interleaved=False):
+        b = len(lengths)
+        self.lengths, self.new, self.page = np.array(lengths, np.int32), new, page
+        self.capacity = max(lengths) + new + 3
+        self.q = rng.standard_normal((b, seqlen_q, hq, d)).astype(np.float32)
+        if page:
+            self.max_blocks = -(-self.capacity // page)
+            pool = rng.permutation(b * self.max_blocks + 2).astype(np.int32)
+            self.block_table = pool[: b * self.max_blocks].reshape(b, self.max_blocks).copy()
+            shape = (len(pool), page, hkv, d)
+        else:
+            self.block_table = None
+            shape = (b, self.capacity, hkv, d)
+        self.k_cache = rng.standard_normal(shape).astype(np.float32)
+        self.v_cache = rng.standard_normal(shape).astype(np.float32)
+        self.k = rng.standard_normal((b, new, hkv, d)).astype(np.float32) if new else None
+        self.v = rng.standard_normal((b, new, hkv, d)).astype(np.float32) if new else None
+        self.rotary = rotary_tables(self.capacity + seqlen_q, rotary_dim) if rotary_dim else None
+        self.interleaved = interleaved
+
+    def rows(self, cache, b, n):
+        """The first n keys of sequence b in `cache`, (n, hkv, d)."""
+        if self.block_table is None:
+            return cache[b, :n]
+        j = np.arange(n)
+        return cache[self.block_table[b, j // self.page], j % self.page]
+
+    def expected(self, causal, window, softcap):
+        """(out, lse, k_cache_after, v_cache_after) in float64 / the caches' values."""
+        kc, vc = self.k_cache.copy(), self.v_cache.copy()
+        outs, lses = [], []
+        masked = causal or window != (-1, -1)
+        for b, n in enumerate(self.lengths):
+            q = self.q[b]
+            k = self.rows(self.k_cache, b, n).astype(np.float64)
+            v = self.rows(self.v_cache, b, n).astype(np.float64)
+            if self.new:
+                pos = n + np.arange(self.new)
+                kn = self.k[b].astype(np.float64)
+                if self.rotary is not None:
+                    kn = rotate(kn, *self.rotary, pos, self.interleaved)
+                    qpos = n + np.arange(q.shape[0]) if masked else np.full(q.shape[0], n)
+                    q = rotate(q, *self.rotary, qpos, self.interleaved)
+                k, v = np.concatenate([k, kn]), np.concatenate([v, self.v[b]])
+                for i, p in enumerate(pos):
+                    if self.block_table is None:
+                        kc[b, p], vc[b, p] = kn[i], self.v[b, i]
+                    else:
+                        page = self.block_table[b, p // self.page]
+                        kc[page, p % self.page], vc[page, p % self.page] = kn[i], self.v[b, i]
+            o, l = ref.forward_one(q, k, v, causal=causal, window=window, softcap=softcap)
+            outs.append(o)
+            lses.append(l)
+        return np.stack(outs), np.stack(lses), kc, vc
+
+    def kwargs(self):
+        kw = dict(k=self.k, v=self.v, cache_seqlens=self.lengths, block_table=self.block_table)
+        if self.rotary is not None:
+            kw.update(rotary_cos=self.rotary[0], rotary_sin=self.rotary[1],
+                      rotary_interleaved=self.interleaved)
+        return kw
+
+
+CASES = [
+    # lengths, seqlen_q, hq, hkv, d, new, page, rotary_dim, interleaved, causal, window, softcap
+    ([1], 1, 4, 1, 64, 0, 0, 0, False, False, (-1, -1), 0.0),
+    ([113, 0, 7], 1, 8, 2, 64, 1, 16, 0, False, False, (-1, -1), 0.0),
+    ([15, 40], 5, 4, 4, 32, 5, 16, 0, False, True, (-1, -1), 0.0),      # appends cross a page
+    ([300, 21], 2, 8, 1, 128, 2, 1, 0, False, True, (-1, -1), 10.0),    # page size 1, MQA
+    ([64, 200], 16, 4, 2, 64, 16, 64, 32, False, True, (-1, -1), 0.0),  # rotary (GPT-NeoX)
+    ([9, 50], 3, 2, 1, 64, 3, 0, 16, True, False, (8, 0), 0.0),         # rotary interleaved
+    ([257], 1, 4, 2, 256, 1, 256, 64, True, False, (-1, -1), 0.0),      # rotary at one position
+]
+
+
+@pytest.mark.parametrize("lengths,sq,hq,hkv,d,new,page,rd,inter,causal,window,softcap", CASES)
+def test_numpy_matches_reference(rng, lengths, sq, hq, hkv, d, new, page, rd, inter, causal,
+                                 window, softcap):
+    c = Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter)
+    eo, el, ek, ev = c.expected(causal, window, softcap)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        c.q, c.k_cache, c.v_cache, causal=causal, window_size=window, softcap=softcap,
+        return_softmax_lse=True, **c.kwargs())
+    np.testing.assert_allclose(out, eo, rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(lse, el, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c.k_cache, ek, rtol=1e-6, atol=1e-6)  # appended keys rotated
+    np.testing.assert_array_equal(c.v_cache, ev)                      # values copied
+
+
+def test_numpy_one_length_and_cache_rows(rng):
+    c = Cache(rng, [30, 30], 1, 2, 1, 64, new=1)
+    eo, _, ek, _ = c.expected(False, (-1, -1), 0.0)
+    kw = c.kwargs()
+    kw["cache_seqlens"] = 30  # one int for the batch
+    out = flashattn.flash_attn_with_kvcache(c.q, c.k_cache, c.v_cache, **kw)
+    np.testing.assert_allclose(out, eo, rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(c.k_cache, ek, rtol=1e-6, atol=1e-6)
+    # cache_batch_idx: sequence b lives in cache row idx[b].
+    c2 = Cache(rng, [12, 5], 1, 2, 1, 64)
+    idx = np.array([1, 0], np.int32)
+    out2 = flashattn.flash_attn_with_kvcache(c2.q, c2.k_cache, c2.v_cache,
+                                             cache_seqlens=c2.lengths[::-1].copy(),
+                                             cache_batch_idx=idx)
+    for b in range(2):
+        n = c2.lengths[::-1][b]
+        o, _ = ref.forward_one(c2.q[b], c2.k_cache[idx[b], :n], c2.v_cache[idx[b], :n])
+        np.testing.assert_allclose(out2[b], o, rtol=1e-4, atol=3e-5)
+
+
+def test_bad_indices_are_clear_errors_and_leave_the_cache(rng):
+    c = Cache(rng, [20, 5], 1, 2, 1, 64, new=1, page=16)
+    before = c.k_cache.copy()
+    c.block_table[1, 0] = c.k_cache.shape[0]
+    with pytest.raises(flashattn.InvalidArgumentError, match="outside the pool"):
+        flashattn.flash_attn_with_kvcache(c.q, c.k_cache, c.v_cache, **c.kwargs())
+    np.testing.assert_array_equal(c.k_cache, before)
+    c = Cache(rng, [20, 5], 1, 2, 1, 64, new=1, page=16)
+    c.lengths[0] = c.max_blocks * 16
+    with pytest.raises(flashattn.InvalidArgumentError, match="capacity"):
+        flashattn.flash_attn_with_kvcache(c.q, c.k_cache, c.v_cache, **c.kwargs())
+    c.lengths[0] = -1
+    with pytest.raises(flashattn.InvalidArgumentError, match="negative"):
+        flashattn.flash_attn_with_kvcache(c.q, c.k_cache, c.v_cache, **c.kwargs())
+    with pytest.raises(NotImplementedError):
+        flashattn.flash_attn_with_kvcache(c.q, c.k_cache, c.v_cache, cache_leftpad=c.lengths)
+
+
+def test_workspace_size_and_buffer(rng):
+    c = Cache(rng, [40], 1, 4, 2, 64, new=1, page=16, rotary_dim=32)
+    kw = c.kwargs()
+    n = _capi.forward_kvcache_workspace_size(c.q, c.k_cache, c.v_cache, **kw)
+    assert n > 0
+    eo, _, _, _ = c.expected(False, (-1, -1), 0.0)
+    out = np.empty_like(c.q)
+    with pytest.raises(flashattn.InvalidArgumentError, match="workspace"):
+        _capi.forward_kvcache(c.q, c.k_cache, c.v_cache, out, workspace=np.empty(n - 1, np.uint8),
+                              **kw)
+    _capi.forward_kvcache(c.q, c.k_cache, c.v_cache, out, workspace=np.empty(n, np.uint8), **kw)
+    np.testing.assert_allclose(out, eo, rtol=1e-4, atol=3e-5)
+
+
+# ---------------------------------------------------------------------------- torch
+
+try:
+    import torch
+except ImportError:  # NumPy-only environments run the tests above
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
+
+
+def to_torch(x, device, dtype=None):
+    if x is None:
+        return None
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    return t.to(dtype or torch.float32) if t.is_floating_point() else t
+
+
+def torch_call(c, device, dtype, causal=False, window=(-1, -1), softcap=0.0, fn=None):
+    kw = {k: to_torch(v, device, dtype) if isinstance(v, np.ndarray) else v
+          for k, v in c.kwargs().items()}
+    kc, vc = to_torch(c.k_cache, device, dtype), to_torch(c.v_cache, device, dtype)
+    q = to_torch(c.q, device, dtype)
+    fn = fn or flashattn.flash_attn_with_kvcache
+    out, lse = fn(q, kc, vc, causal=causal, window_size=window, softcap=softcap,
+                  return_softmax_lse=True, **kw)
+    return out, lse, kc, vc
+
+
+@needs_torch
+@pytest.mark.parametrize("case", [1, 2, 4, 5])
+def test_torch_cpu_matches_reference(rng, case):
+    lengths, sq, hq, hkv, d, new, page, rd, inter, causal, window, softcap = CASES[case]
+    c = Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter)
+    eo, el, ek, ev = c.expected(causal, window, softcap)
+    out, lse, kc, vc = torch_call(c, "cpu", torch.float32, causal, window, softcap)
+    np.testing.assert_allclose(out.numpy(), eo, rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(lse.numpy(), el, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kc.numpy(), ek, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(vc.numpy(), ev)
+
+
+@needs_torch
+def test_torch_compile_fullgraph_matches_eager(rng):
+    c = Cache(rng, [33, 70], 2, 4, 2, 64, new=2, page=16, rotary_dim=32)
+    eo, _, ek, _ = c.expected(True, (-1, -1), 0.0)
+    compiled = torch.compile(flashattn.flash_attn_with_kvcache, fullgraph=True)
+    out, _, kc, _ = torch_call(c, "cpu", torch.float32, causal=True, fn=compiled)
+    np.testing.assert_allclose(out.numpy(), eo, rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(kc.numpy(), ek, rtol=1e-6, atol=1e-6)
+
+
+@needs_torch
+def test_torch_op_is_registered_with_its_mutations():
+    schema = str(torch.ops.flashattn.fwd_kvcache.default._schema)
+    assert "Tensor(a1!) k_cache" in schema and "Tensor(a2!) v_cache" in schema
+
+
+def gpu_test(f):
+    cuda = torch is not None and torch.cuda.is_available()
+    f = pytest.mark.skipif(cuda and not flashattn.backend_available("cuda"),
+                           reason="libflashattn built without CUDA")(f)
+    f = pytest.mark.skipif(not cuda, reason="needs PyTorch with a CUDA device")(f)
+    return pytest.mark.gpu(f)
+
+
+@gpu_test
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_matches_reference(rng, case, dtype):
+    dt = getattr(torch, dtype)
+    lengths, sq, hq, hkv, d, new, page, rd, inter, causal, window, softcap = CASES[case]
+    c = Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter)
+    # The reference sees the inputs as the GPU does: rounded to the dtype.
+    for name in ("q", "k_cache", "v_cache", "k", "v"):
+        x = getattr(c, name)
+        if x is not None:
+            setattr(c, name, torch.from_numpy(x).to(dt).float().numpy())
+    if c.rotary is not None:
+        c.rotary = tuple(torch.from_numpy(t).to(dt).float().numpy() for t in c.rotary)
+    eo, el, ek, ev = c.expected(causal, window, softcap)
+    out, lse, kc, vc = torch_call(c, "cuda", dt, causal, window, softcap)
+    tol = 2e-2 if dtype == "bfloat16" else 4e-3
+    np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse.cpu().numpy(), el, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(kc.float().cpu().numpy(), ek, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(vc.float().cpu().numpy(), ev)
+
+
+@gpu_test
+def test_cuda_graph_capture_and_replay_with_new_lengths(rng):
+    c = Cache(rng, [100, 7, 600], 1, 8, 2, 128, new=1, page=16)
+    dev, dt = "cuda", torch.bfloat16
+    q, kc, vc = (to_torch(x, dev, dt) for x in (c.q, c.k_cache, c.v_cache))
+    k, v = to_torch(c.k, dev, dt), to_torch(c.v, dev, dt)
+    lens = to_torch(c.lengths, dev)
+    table = to_torch(c.block_table, dev)
+    step = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens,
+                                                     block_table=table, causal=True)
+    step()  # eager warm-up: appends once, at the initial lengths
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        lens += 1
+        graph.replay()
+        torch.cuda.synchronize()
+        c.k_cache, c.v_cache = kc.float().cpu().numpy(), vc.float().cpu().numpy()
+        # Rows [0, lens) are as before the replay; it appended its token at lens.
+        c.lengths = lens.cpu().numpy().astype(np.int32)
+        c.k, c.v = k.float().cpu().numpy(), v.float().cpu().numpy()
+        c.q = q.float().cpu().numpy()
+        eo, _, _, _ = c.expected(True, (-1, -1), 0.0)
+        np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,104 @@
+// The CPU forward's work item: one query tile of one (sequence, head), K/V
+// tiles inner, online softmax in f32. Where rows live is a policy (`Rows`), so
+// the plain forward and the KV-cache forward (paged keys, rotated queries)
+// share the loop:
+//   Rows::q_base / k_base / v_base          tensors the rows are read from
+//   Rows::q(i) / k(j) / v(j)                element offset of row i / key j's head
+//   Rows::o(i) / lse(i)                     where row i's output and lse go
+//   Rows::mask                              the sequence's MaskPolicy
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "core/parallel.h"
+#include "cpu/tiles.h"
+
+namespace flashattn::cpu {
+
+struct ForwardScratch {
+  std::vector<float> q, kt, v, s, acc, row_max, row_sum;
+  explicit ForwardScratch(int d)
+      : q(kBlockQ * d), kt(d * kBlockK), v(kBlockK * d), s(kBlockQ * kBlockK), acc(kBlockQ * d),
+        row_max(kBlockQ), row_sum(kBlockQ) {}
+  static size_t bytes(int d) {
+    return sizeof(float) * (3 * kBlockQ * d + 2 * kBlockK * d + kBlockQ * kBlockK);
+  }
+};
+
+// P = exp(S - m_new) per row, with the running max and sum updated and the
+// accumulator rescaled by exp(m - m_new); rows with nothing visible get P = 0.
+inline void online_softmax_step(int rows, int d, ForwardScratch& w) {
+  for (int i = 0; i < rows; ++i) {
+    float* si = &w.s[i * kBlockK];
+    float m_new = w.row_max[i];
+    for (int j = 0; j < kBlockK; ++j) m_new = std::max(m_new, si[j]);
+    if (m_new == kNegInf) {  // nothing visible yet in this row
+      std::fill(si, si + kBlockK, 0.0f);
+      continue;
+    }
+    const float correction = std::exp(w.row_max[i] - m_new);
+    const float sum = exp_shifted(si, m_new);
+    w.row_sum[i] = w.row_sum[i] * correction + sum;
+    w.row_max[i] = m_new;
+    float* acc = &w.acc[i * d];
+    for (int c = 0; c < d; ++c) acc[c] *= correction;
+  }
+}
+
+// O = O / l ; L = m + log(l); a row that saw no key gets O = 0, L = -inf.
+template <typename Rows>
+void store_tile(const AttentionParams& p, const Rows& rows_of, int q0, int rows, ForwardScratch& w) {
+  const int d = p.head_dim;
+  for (int i = 0; i < rows; ++i) {
+    const float l = w.row_sum[i];
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t off = rows_of.o(q0 + i);
+    for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, w.acc[i * d + c] * inv_l);
+    if (p.lse != nullptr) p.lse[rows_of.lse(q0 + i)] = l > 0.0f ? w.row_max[i] + std::log(l) : kNegInf;
+  }
+}
+
+template <typename Rows>
+void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, ForwardScratch& w) {
+  const MaskPolicy& mask = rows_of.mask;
+  const int d = p.head_dim;
+  const int q0 = q_tile * kBlockQ;
+  const int rows = std::min(kBlockQ, mask.seqlen_q - q0);
+  if (rows <= 0) return;
+
+  load_rows(p, rows_of.q_base, [&](int i) { return rows_of.q(i); }, q0, rows, kBlockQ, p.scale,
+            w.q.data());
+  std::fill(w.acc.begin(), w.acc.end(), 0.0f);
+  std::fill(w.row_max.begin(), w.row_max.end(), kNegInf);
+  std::fill(w.row_sum.begin(), w.row_sum.end(), 0.0f);
+
+  // Only key tiles some row of this tile can see; the rest are skipped.
+  const int k_begin = mask.key_begin(q0), k_end = mask.key_end(q0 + rows);
+  for (int k0 = k_begin / kBlockK * kBlockK; k0 < k_end; k0 += kBlockK) {
+    const int cols = std::min(kBlockK, mask.seqlen_k - k0);
+    load_rows_transposed(p, rows_of.k_base, [&](int j) { return rows_of.k(j); }, k0, cols, w.kt.data());
+    load_rows(p, rows_of.v_base, [&](int j) { return rows_of.v(j); }, k0, cols, kBlockK, 1.0f,
+              w.v.data());
+    // S = (scale * Q) K^T, softcapped and masked
+    matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());
+    finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
+    online_softmax_step(rows, d, w);
+    // O += P V
+    matmul_acc_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data());
+  }
+  store_tile(p, rows_of, q0, rows, w);
+}
+
+// Runs fn(item, scratch) over `items` work items on per-thread scratch.
+template <typename Fn>
+void for_each_tile(const AttentionParams& p, int64_t items, Fn&& fn) {
+  const int threads = resolve_thread_count(p.num_threads);
+  std::vector<ForwardScratch> scratch(
+      static_cast<size_t>(std::min<int64_t>(threads, std::max<int64_t>(items, 1))),
+      ForwardScratch(p.head_dim));
+  parallel_for(items, static_cast<int>(scratch.size()),
+               [&](int64_t item, int thread) { fn(item, scratch[thread]); });
+}
+
+}  // namespace flashattn::cpu

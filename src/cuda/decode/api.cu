@@ -1,0 +1,137 @@
+// The CUDA backend's KV-cache entry point: plan the workspace, append (and
+// rotate), run the split-KV decode kernel, merge the splits.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/backends.h"
+#include "core/error.h"
+#include "cuda/common/device_guard.h"
+#include "cuda/decode/kernel.cuh"
+#include "cuda/decode/split.h"
+
+namespace flashattn::cuda {
+namespace {
+
+using decode::kMaxRows;
+
+constexpr size_t kWorkspaceAlignment = 256;  // every piece starts on a 256-byte boundary
+size_t aligned(size_t bytes) { return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+int head_dim_bucket(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+
+int sm_count(int device_index) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return n;
+}
+
+// Splits, tiles and the workspace's pieces for a call.
+struct Plan {
+  int splits = 1;
+  int query_tiles = 1;
+  size_t q_rotated_bytes = 0;
+  size_t partial_o_bytes = 0;
+  size_t partial_lse_bytes = 0;
+  size_t total() const { return q_rotated_bytes + partial_o_bytes + partial_lse_bytes; }
+};
+
+Plan make_plan(const KvCacheParams& kp) {
+  const AttentionParams& a = kp.attn;
+  Plan plan;
+  const int packed = a.seqlen_q * a.group_size();
+  plan.query_tiles = std::max(1, (packed + kMaxRows - 1) / kMaxRows);
+  plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity,
+                                       decode::block_keys(head_dim_bucket(a.head_dim)),
+                                       sm_count(a.device_index), kp.num_splits});
+  const size_t rows = static_cast<size_t>(a.batch) * a.heads_q * a.seqlen_q;
+  if (kp.has_rotary()) plan.q_rotated_bytes = aligned(rows * a.head_dim * 2);
+  if (plan.splits > 1) {
+    plan.partial_o_bytes = aligned(plan.splits * rows * a.head_dim * sizeof(float));
+    plan.partial_lse_bytes = aligned(plan.splits * rows * sizeof(float));
+  }
+  return plan;
+}
+
+fa_status launch_error(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return FA_OK;
+  return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+template <typename T, int HeadDim>
+fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
+  using Tr = decode::Traits<HeadDim>;
+  auto kernel = decode::decode_kernel<T, HeadDim>;
+  int optin = 0;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
+  if (optin < Tr::kSmemBytes) {
+    return fail(FA_ERROR_UNSUPPORTED, "the decode kernel for head dim " + std::to_string(kp.attn.head_dim) +
+                                          " needs " + std::to_string(Tr::kSmemBytes) +
+                                          " bytes of shared memory per block; this GPU allows " +
+                                          std::to_string(optin));
+  }
+  // Opting in above 48 KiB of dynamic shared memory is a per-function attribute; it is cheap.
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes) != cudaSuccess) {
+    return launch_error("decode kernel shared memory");
+  }
+  const dim3 grid(w.splits * w.query_tiles, kp.attn.heads_kv, kp.attn.batch);
+  kernel<<<grid, decode::kThreads, Tr::kSmemBytes, stream>>>(kp, w);
+  FA_RETURN_IF_ERROR(launch_error("decode kernel"));
+  if (w.splits > 1) {
+    const int64_t rows = int64_t{kp.attn.batch} * kp.attn.heads_q * kp.attn.seqlen_q;
+    decode::combine_kernel<T><<<static_cast<unsigned>(rows), decode::kThreads, 0, stream>>>(kp, w);
+    FA_RETURN_IF_ERROR(launch_error("decode combine kernel"));
+  }
+  return FA_OK;
+}
+
+template <typename T>
+fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
+  const AttentionParams& a = kp.attn;
+  if (kp.seqlen_new > 0 || w.q_rotated != nullptr) {
+    const dim3 grid(std::max(kp.seqlen_new, w.q_rotated != nullptr ? a.seqlen_q : 0), a.batch);
+    decode::append_kernel<T><<<grid, decode::kThreads, 0, stream>>>(kp, w);
+    FA_RETURN_IF_ERROR(launch_error("append kernel"));
+  }
+  if (a.seqlen_q == 0) return FA_OK;  // nothing to attend; the append above still happens
+  switch (head_dim_bucket(a.head_dim)) {
+    case 64: return launch_decode<T, 64>(kp, w, stream);
+    case 128: return launch_decode<T, 128>(kp, w, stream);
+    default: return launch_decode<T, 256>(kp, w, stream);
+  }
+}
+
+}  // namespace
+
+size_t kvcache_workspace_size(const KvCacheParams& kp) { return make_plan(kp).total(); }
+
+fa_status forward_kvcache(const KvCacheParams& kp) {
+  const AttentionParams& a = kp.attn;
+  if (a.batch == 0) return FA_OK;
+  DeviceGuard guard(a.device_index);
+  const Plan plan = make_plan(kp);
+  cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  // Without a caller's workspace the stream-ordered pool serves (capturable in graphs).
+  void* owned = nullptr;
+  uint8_t* base = static_cast<uint8_t*>(a.workspace);
+  if (base == nullptr && plan.total() > 0) {
+    const cudaError_t err = cudaMallocAsync(&owned, plan.total(), stream);
+    if (err != cudaSuccess) return fail(FA_ERROR_OUT_OF_MEMORY, std::string("decode workspace: ") + cudaGetErrorString(err));
+    base = static_cast<uint8_t*>(owned);
+  }
+  decode::Work w{};
+  w.splits = plan.splits;
+  w.query_tiles = plan.query_tiles;
+  w.q_rotated = plan.q_rotated_bytes > 0 ? base : nullptr;
+  w.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes) : nullptr;
+  w.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes + plan.partial_o_bytes) : nullptr;
+  const fa_status status = a.dtype == FA_F16 ? run<__half>(kp, w, stream) : run<__nv_bfloat16>(kp, w, stream);
+  if (owned != nullptr) cudaFreeAsync(owned, stream);
+  return status;
+}
+
+}  // namespace flashattn::cuda

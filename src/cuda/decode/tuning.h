@@ -1,0 +1,38 @@
+// Tuning of the split-KV decode kernels, one place, one reason each.
+#pragma once
+
+namespace flashattn::cuda::decode {
+
+// Threads per CTA: four warps share one K/V tile, enough loads in flight per SM
+// with two or more CTAs resident.
+constexpr int kThreads = 128;
+// Packed query rows (query positions x the query heads of one KV head) per CTA:
+// GQA groups of up to 8 at seqlen_q 2 fit one tile, so K/V are read once per group.
+constexpr int kMaxRows = 16;
+// Shared memory a CTA's K/V ring may take: three 64-key stages at head dim 128
+// (34 KiB each; two in flight while one is read), and two such CTAs per SM fit
+// the 228 KiB of an H100 SM: ~136 KiB in flight per SM, several times what
+// HBM latency (~1 us) x per-SM bandwidth (3 TB/s / 132 = 23 GB/s) asks for.
+constexpr int kRingBytes = 102 * 1024;
+// Pipeline depth bounds: at least double buffering; beyond four stages the
+// ring only costs occupancy.
+constexpr int kMinStages = 2;
+constexpr int kMaxStages = 4;
+// The split heuristic aims at this many CTAs per SM, so memory latency is hidden
+// by a second resident CTA.
+constexpr int kCtasPerSm = 2;
+// A split reads at least this many key tiles: fewer makes the combine's extra
+// traffic (one partial O per split) and the split's start (Q load, pipeline
+// fill) a visible fraction of the K/V read.
+constexpr int kMinTilesPerSplit = 4;
+// The split count takes the fewest splits whose wave efficiency is within this
+// factor of the best count's (more splits only add partials to combine).
+constexpr double kWaveSlack = 0.95;
+// Upper bound on splits (workspace and combine loop length).
+constexpr int kMaxSplits = 64;
+
+// Keys per K/V tile: 64 rows of up to 128 columns, 32 rows at head dim 256, so
+// one stage of K and V stays near 34 KiB (a multiple of the 16-key mma slice).
+constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket > 128 ? 32 : 64; }
+
+}  // namespace flashattn::cuda::decode

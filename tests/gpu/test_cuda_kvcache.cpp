@@ -1,0 +1,184 @@
+// fa_forward_kvcache on the CUDA backend (split-KV decode kernels) against the
+// float64 reference: outputs poisoned before each call, cache contents checked,
+// forced split counts, CUDA-graph capture and replay with new cache_seqlens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/kvcache_harness.h"
+#include "core/dtype.h"
+#include "device.h"
+
+namespace flashattn::testing {
+namespace {
+
+DeviceMemory upload_ints(const std::vector<int32_t>& v) {
+  DeviceMemory m = device_alloc(v.size() * sizeof(int32_t));
+  if (!v.empty()) cudaMemcpy(m.get(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  return m;
+}
+
+// A KvProblem's tensors and index arrays on the device, with poisoned outputs.
+struct DeviceKv {
+  const KvProblem* host;
+  DeviceTensor q, k_cache, v_cache, k_new, v_new, cos, sin, out, lse;
+  DeviceMemory table, lens, rows;
+  HostTensor out_like, lse_like;
+
+  explicit DeviceKv(const KvProblem& p)
+      : host(&p), q(DeviceTensor::upload(p.q)), k_cache(DeviceTensor::upload(p.k_cache)),
+        v_cache(DeviceTensor::upload(p.v_cache)), k_new(DeviceTensor::upload(p.k_new)),
+        v_new(DeviceTensor::upload(p.v_new)), cos(DeviceTensor::upload(p.cos)),
+        sin(DeviceTensor::upload(p.sin)), table(upload_ints(p.block_table)),
+        lens(upload_ints(p.cache_seqlens)), rows(upload_ints(p.cache_batch_idx)),
+        out_like(p.poisoned_out()), lse_like(p.poisoned_lse()) {
+    poison();
+  }
+  void poison() {
+    out = DeviceTensor::upload(out_like);
+    lse = DeviceTensor::upload(lse_like);
+  }
+  fa_kvcache describe() {
+    return host->describe(&k_cache.desc, &v_cache.desc, &k_new.desc, &v_new.desc, &cos.desc,
+                          &sin.desc, static_cast<const int32_t*>(table.get()),
+                          static_cast<const int32_t*>(lens.get()),
+                          static_cast<const int32_t*>(rows.get()));
+  }
+  fa_options options(cudaStream_t stream = nullptr) const {
+    fa_options o = host->options;
+    o.backend = FA_BACKEND_CUDA;
+    o.stream = stream;
+    return o;
+  }
+  ::testing::AssertionResult matches(const KvExpected& e) const {
+    return kvcache_call_matches(*host, e, out.download(out_like), lse.download(lse_like),
+                                k_cache.download(host->k_cache), v_cache.download(host->v_cache));
+  }
+};
+
+class CudaKvCache : public ::testing::TestWithParam<KvCase> {};
+
+void run_and_check(const KvCase& c) {
+  const KvProblem p = make_kv_problem(c);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv d(p);
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, nullptr, 0)));
+  EXPECT_TRUE(d.matches(e));
+}
+
+TEST_P(CudaKvCache, MatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  run_and_check(GetParam());
+}
+
+TEST_P(CudaKvCache, ForcedSplitsMatchToo) {
+  FA_REQUIRE_GPU();
+  for (int splits : {1, 3}) {
+    KvCase c = GetParam();
+    c.num_splits = splits;
+    SCOPED_TRACE(splits);
+    run_and_check(c);
+  }
+}
+
+std::vector<KvCase> gpu_suite() {
+  std::vector<KvCase> cases = kvcache_suite(FA_BF16);
+  for (KvCase c : kvcache_suite(FA_F16)) {
+    if (c.cached.size() > 1) cases.push_back(c);  // f16 on the ragged cases
+  }
+  // Head dims the buckets round up (40 -> 64, 96 -> 128, 200 -> 256).
+  for (int d : {40, 96, 200}) {
+    cases.push_back({.seqlen_q = 2, .heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {129, 7},
+                     .seqlen_new = 2, .page_size = 16, .causal = true, .seed = 100u + d});
+  }
+  // Packed rows beyond one tile (seqlen_q 5 x group 8 = 40 rows), long split cache.
+  cases.push_back({.seqlen_q = 5, .heads_q = 32, .heads_kv = 4, .head_dim = 128, .cached = {4097, 1023},
+                   .seqlen_new = 5, .page_size = 256, .causal = true, .seed = 300});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, CudaKvCache, ::testing::ValuesIn(gpu_suite()),
+                         [](const auto& info) { return info.param.name(); });
+
+TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
+  FA_REQUIRE_GPU();
+  KvCase c{.seqlen_q = 1, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {20, 5},
+           .seqlen_new = 1, .page_size = 16};
+  KvProblem p = make_kv_problem(c);
+  p.block_table[1] = -1;
+  DeviceKv d(p);
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  EXPECT_EQ(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, nullptr, &o, nullptr, 0),
+            FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("outside the pool"), std::string::npos);
+  EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
+}
+
+// A decode step (append + attention) captured once and replayed with new
+// cache_seqlens and new tokens: every replay matches the reference, and a
+// replay whose lengths overflow the cache poisons that sequence only and
+// leaves its cache untouched.
+TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
+  FA_REQUIRE_GPU();
+  KvCase c{.seqlen_q = 1, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {100, 7, 600},
+           .seqlen_new = 1, .page_size = 16, .rotary_dim = 64, .causal = true};
+  KvProblem p = make_kv_problem(c);
+  DeviceKv d(p);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options(stream);
+  size_t bytes = 0;
+  ASSERT_EQ(fa_forward_kvcache_workspace_size(&d.q.desc, &desc, &o, &bytes), FA_OK) << fa_last_error();
+  DeviceMemory ws = device_alloc(bytes);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const fa_status s = fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, ws.get(), bytes);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(s, FA_OK) << fa_last_error();
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const int capacity = p.max_blocks * c.page_size;
+  for (int step = 0; step < 4; ++step) {
+    // The cache as the device holds it now is the next step's starting point.
+    p.k_cache = d.k_cache.download(p.k_cache);
+    p.v_cache = d.v_cache.download(p.v_cache);
+    const bool overflow = step == 3;
+    for (size_t b = 0; b < p.cache_seqlens.size(); ++b) p.cache_seqlens[b] += step == 0 ? 0 : 1;
+    if (overflow) p.cache_seqlens[1] = capacity;  // + 1 new token: beyond the cache
+    cudaMemcpy(d.lens.get(), p.cache_seqlens.data(), p.cache_seqlens.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d.out.memory.get(), d.out_like.bytes.data(), d.out.bytes, cudaMemcpyHostToDevice);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (!overflow) {
+      p.c.cached.assign(p.cache_seqlens.begin(), p.cache_seqlens.end());
+      EXPECT_TRUE(d.matches(expected_kvcache(p))) << "replay " << step;
+      continue;
+    }
+    const HostTensor out = d.out.download(d.out_like);
+    const int64_t per_seq = int64_t{c.heads_q} * c.head_dim;
+    for (int64_t i = 0; i < 3 * per_seq; ++i) {
+      const bool nan = std::isnan(load_as_float(out.bytes.data(), i, c.dtype));
+      EXPECT_EQ(nan, i / per_seq == 1) << i;
+    }
+    // Sequence 1's pages are as they were.
+    const HostTensor v_after = d.v_cache.download(p.v_cache);
+    const size_t page_bytes = static_cast<size_t>(c.page_size) * c.heads_kv * c.head_dim * 2;
+    for (int blk = 0; blk < p.max_blocks; ++blk) {
+      const size_t page = static_cast<size_t>(p.block_table[p.max_blocks + blk]);
+      EXPECT_EQ(std::memcmp(&v_after.bytes[page * page_bytes], &p.v_cache.bytes[page * page_bytes], page_bytes), 0)
+          << "page " << page;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace flashattn::testing

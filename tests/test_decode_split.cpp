@@ -1,0 +1,64 @@
+// The split-KV heuristic (src/cuda/decode/split.h): host arithmetic, tested on the CPU.
+#include <gtest/gtest.h>
+
+#include "cuda/decode/split.h"
+
+namespace flashattn::cuda::decode {
+namespace {
+
+constexpr int kSms = 132;
+constexpr int kKeys = 64;  // keys per tile at head dim 128
+
+SplitShape shape(int batch, int heads_kv, int max_keys, int forced = 0, int sms = kSms) {
+  return {batch, heads_kv, 1, max_keys, kKeys, sms, forced};
+}
+
+TEST(DecodeSplits, ACallThatFillsTheGpuIsNotSplit) {
+  EXPECT_EQ(choose_splits(shape(64, 8, 16384)), 1);    // 512 CTAs
+  EXPECT_EQ(choose_splits(shape(128, 8, 8192)), 1);
+  EXPECT_EQ(choose_splits({16, 8, 3, 16384, kKeys, kSms, 0}), 1);  // 384 CTAs from query tiles
+}
+
+TEST(DecodeSplits, FewCtasSplitIntoWholeWaves) {
+  // batch 1, 8 KV heads, 256k keys: 8 CTAs -> 32 splits, 256 of the 264 = 2 x 132 slots.
+  EXPECT_EQ(choose_splits(shape(1, 8, 262144)), 32);
+  // batch 16 x 8 heads = 128 CTAs: 2 splits (one wave of 256), not 3 (a wave and a half).
+  EXPECT_EQ(choose_splits(shape(16, 8, 16384)), 2);
+  for (int batch : {1, 2, 4, 8, 16, 32}) {
+    const int s = choose_splits(shape(batch, 8, 65536));
+    EXPECT_GE(wave_efficiency(int64_t{s} * batch * 8, kCtasPerSm * kSms), 0.9) << batch;
+    EXPECT_LE(s, kMaxSplits);
+  }
+}
+
+TEST(DecodeSplits, WaveEfficiencyCountsTheLastWave) {
+  EXPECT_DOUBLE_EQ(wave_efficiency(264, 264), 1.0);
+  EXPECT_DOUBLE_EQ(wave_efficiency(132, 264), 0.5);
+  EXPECT_DOUBLE_EQ(wave_efficiency(396, 264), 0.75);  // 1.5 waves
+}
+
+TEST(DecodeSplits, PiecesKeepAMinimumLength) {
+  // 1000 keys = 16 tiles: at most 4 pieces of 4 tiles; 4096 keys: 16 pieces.
+  EXPECT_EQ(choose_splits(shape(1, 8, 1000)), 4);
+  EXPECT_EQ(choose_splits(shape(1, 8, 4096)), 16);
+  EXPECT_EQ(choose_splits(shape(1, 8, 64)), 1);
+  EXPECT_EQ(choose_splits(shape(1, 8, 0)), 1);
+}
+
+TEST(DecodeSplits, ACallerCanForceTheCountWithinTheTiles) {
+  EXPECT_EQ(choose_splits(shape(64, 8, 16384, 7)), 7);
+  EXPECT_EQ(choose_splits(shape(1, 1, 100, 7)), 2);       // 2 tiles: 2 pieces at most
+  EXPECT_EQ(choose_splits(shape(1, 1, 1 << 20, 1000)), kMaxSplits);
+}
+
+TEST(DecodeSplits, MoreSmsNeverMeanFewerSplits) {
+  int previous = 0;
+  for (int sms : {1, 16, 46, 108, 132, 264}) {
+    const int s = choose_splits(shape(2, 4, 32768, 0, sms));
+    EXPECT_GE(s, previous) << sms;
+    previous = s;
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::cuda::decode
