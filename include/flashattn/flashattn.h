@@ -111,12 +111,12 @@ FA_API fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             fa_tensor* out, fa_tensor* lse, const fa_varlen* varlen,
                             const fa_options* options);
 
-/* Bytes of scratch memory fa_forward uses beyond its inputs and outputs (the
- * CPU backend's per-thread tiles): never O(seqlen^2). 0 on CUDA, where the
- * Hopper forward allocates its own from the stream-ordered pool when it splits
- * the last round of an unmasked run of at least 8192 keys (partial outputs:
- * 512 x (head_dim + 8) bytes per piece of a cut query tile, at most a few
- * pieces per SM). */
+/* Bytes of scratch memory fa_forward uses beyond its inputs and outputs:
+ * never O(seqlen^2). CPU: the per-thread tiles it allocates. CUDA: what the
+ * Hopper forward allocates from the stream-ordered pool for these arguments
+ * when it splits the last round of an unmasked run of at least 8192 keys
+ * (partial outputs: 512 x (head_dim + 8) bytes per piece of a cut query tile,
+ * at most a few pieces per SM); 0 for every other call. */
 FA_API fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k,
                                            const fa_tensor* v, const fa_varlen* varlen,
                                            const fa_options* options, size_t* bytes);

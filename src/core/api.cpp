@@ -147,7 +147,7 @@ fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k, cons
                                     const fa_varlen* varlen, const fa_options* options,
                                     size_t* bytes) {
   return workspace_query(q, k, v, varlen, options, bytes, [](const AttentionParams& p, bool cuda) {
-    return cuda ? size_t{0} : cpu::forward_workspace_size(p);
+    return cuda ? cuda::forward_workspace_size(p) : cpu::forward_workspace_size(p);
   });
 }
 

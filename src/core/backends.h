@@ -27,6 +27,8 @@ fa_status check_backward(const AttentionParams& params);
 fa_status forward(const AttentionParams& params);
 fa_status backward(const AttentionParams& params);
 size_t backward_workspace_size(const AttentionParams& params);
+// Bytes the forward allocates from the stream-ordered pool for these params.
+size_t forward_workspace_size(const AttentionParams& params);
 // Attention against a KV cache: GPU-specific checks, workspace (bytes on the
 // device: rotated q, split partials) and the call. With no workspace given the
 // call takes it from the stream-ordered pool.

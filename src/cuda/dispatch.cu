@@ -65,6 +65,12 @@ fa_status forward(const AttentionParams& p) {
   return sm80::run_forward(p);
 }
 
+// The sm80 forward uses no scratch; the Hopper forward's split tail does.
+size_t forward_workspace_size(const AttentionParams& p) {
+  DeviceGuard guard(p.device_index);
+  return sm90::can_run_forward(p) ? sm90::forward_workspace_size(p) : 0;
+}
+
 size_t backward_workspace_size(const AttentionParams& p) { return plan_backward_workspace(p).total(); }
 
 fa_status backward(const AttentionParams& p) {

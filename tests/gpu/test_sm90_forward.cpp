@@ -347,6 +347,41 @@ TEST_P(Sm90SplitTail, MatchesFloat64ReferenceAndGraphReplayGivesTheSameBits) {
   EXPECT_EQ(a.lse.bytes, b.lse.bytes);
 }
 
+// The workspace contract: the forward's workspace query reports exactly the
+// split tail's partial-state bytes the launch allocates ([tiles][parts][warps]
+// slots of 32 lanes x (D/2 + 4) floats, then a counter per tile and warp), and
+// 0 where the call has no split tail (here: the same shape made causal).
+TEST_P(Sm90SplitTail, WorkspaceQueryReportsTheSplitTailBytes) {
+  const SplitTailCase& t = GetParam();
+  FA_REQUIRE_SM90();
+  const Problem p = make_problem(t.c);
+  DeviceProblem d(p);
+  HostTensor out = p.poisoned_like_q();
+  DeviceTensor dout = DeviceTensor::upload(out);
+  fa_options o = d.options();
+  AttentionParams params;
+  const ForwardArgs args{&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc, nullptr, d.varlen_ptr(), &o};
+  ASSERT_EQ(make_forward_params(args, &params), FA_OK) << fa_last_error();
+  params.max_ctas = t.max_ctas;
+  const int kernel_d = t.block_n == 176 ? 128 : 256;  // the long-key d128 kernel, or d256's
+  const int tiles = t.c.batch * t.c.heads_q * ((t.c.seqlen_q + 127) / 128);
+  const SplitTail tail = plan_split_tail(tiles, t.max_ctas, (t.c.seqlen_k + t.block_n - 1) / t.block_n, true);
+  const size_t warps = 8;  // two consumer warpgroups
+  const size_t want = static_cast<size_t>(tail.tiles) * tail.max_parts * warps * 32 * (kernel_d / 2 + 4) * 4 +
+                      static_cast<size_t>(tail.tiles) * warps * 4;
+  EXPECT_EQ(cuda::sm90::forward_workspace_size(params), want);
+  params.window_right = 0;  // causal: no split tail
+  params.causal = true;
+  EXPECT_EQ(cuda::sm90::forward_workspace_size(params), 0u);
+  // Through the C ABI (one CTA per SM): the same rule, whatever it gives here.
+  size_t abi_bytes = 1;
+  ASSERT_EQ(fa_forward_workspace_size(&d.q.desc, &d.k.desc, &d.v.desc, d.varlen_ptr(), &o, &abi_bytes), FA_OK);
+  params.window_right = -1;
+  params.causal = false;
+  params.max_ctas = 0;
+  EXPECT_EQ(abi_bytes, cuda::sm90::forward_workspace_size(params));
+}
+
 INSTANTIATE_TEST_SUITE_P(Suite, Sm90SplitTail, ::testing::ValuesIn(split_tail_cases()),
                          [](const auto& info) {
                            return info.param.c.name() + "_ctas" + std::to_string(info.param.max_ctas);

@@ -75,4 +75,20 @@ fa_status make_attention_map(CUtensorMap* map, const AttentionParams& p, const A
   return make_tma_map_4d(map, t.base, p.dtype, dims, strides, box);
 }
 
+AttentionTensor call_tensor(const AttentionParams& p, CallTensor which) {
+  const bool varlen = p.is_varlen();
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
+  switch (which) {
+    case CallTensor::kQ: return {p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+    case CallTensor::kK: return {p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+    case CallTensor::kV: return {p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+    case CallTensor::kOut:
+      return {p.out, rows_q, p.heads_q, p.o_row_stride, p.o_head_stride, p.o_batch_stride};
+    case CallTensor::kDout:
+      return {p.dout, rows_q, p.heads_q, p.do_row_stride, p.do_head_stride, p.do_batch_stride};
+  }
+  return {};
+}
+
 }  // namespace flashattn::cuda::sm90

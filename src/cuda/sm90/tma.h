@@ -33,6 +33,15 @@ struct AttentionTensor {
 fa_status make_attention_map(CUtensorMap* map, const AttentionParams& p, const AttentionTensor& t,
                              int cols, uint32_t box_rows);
 
+// The call's own tensors by name: rows are the query tokens (q, out, dout) or
+// the key tokens (k, v), fixed-length or packed varlen.
+enum class CallTensor { kQ, kK, kV, kOut, kDout };
+AttentionTensor call_tensor(const AttentionParams& p, CallTensor which);
+inline fa_status make_call_map(CUtensorMap* map, const AttentionParams& p, CallTensor which, int cols,
+                               uint32_t box_rows) {
+  return make_attention_map(map, p, call_tensor(p, which), cols, box_rows);
+}
+
 #if defined(__CUDACC__)
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -9,18 +9,9 @@
 
 namespace flashattn::cuda::sm80 {
 
+// Instantiated in fwd_hdim*.cu (head_dims.h's list); the definition is not
+// visible elsewhere, so nothing else instantiates it.
 template <int kD, typename T>
 fa_status launch_forward(const AttentionParams& p);
-
-#define FLASHATTN_FWD_EXTERN(D)                                                        \
-  extern template fa_status launch_forward<D, __half>(const AttentionParams&);         \
-  extern template fa_status launch_forward<D, __nv_bfloat16>(const AttentionParams&);
-FLASHATTN_FWD_EXTERN(32)
-FLASHATTN_FWD_EXTERN(64)
-FLASHATTN_FWD_EXTERN(96)
-FLASHATTN_FWD_EXTERN(128)
-FLASHATTN_FWD_EXTERN(192)
-FLASHATTN_FWD_EXTERN(256)
-#undef FLASHATTN_FWD_EXTERN
 
 }  // namespace flashattn::cuda::sm80

@@ -28,17 +28,9 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: deterministic mode needs matching dQ semaphores");
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
-  auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
-                      int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                      uint32_t box_rows) {
-    return make_attention_map(map, p, {base, rows, heads, row_stride, head_stride, batch_stride},
-                              D, box_rows);
-  };
   CUtensorMap mq, mdq, mdo, mk, mv;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
-  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
-  FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
-                              p.q_batch_stride, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_call_map(&mq, p, CallTensor::kQ, D, K::kBlockM));
   if constexpr (K::kDqTma) {
     // The f32 dQ accumulator [heads_q][total_q][D] as (D, rows, heads, batch).
     if (ws.accum_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width");
@@ -54,12 +46,9 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   } else {
     mdq = CUtensorMap{};
   }
-  FA_RETURN_IF_ERROR(make_map(&mdo, p.dout, rows_q, p.heads_q, p.do_row_stride, p.do_head_stride,
-                              p.do_batch_stride, K::kBlockM));
-  FA_RETURN_IF_ERROR(make_map(&mk, p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride,
-                              p.k_batch_stride, K::kBlockN));
-  FA_RETURN_IF_ERROR(make_map(&mv, p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride,
-                              p.v_batch_stride, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_call_map(&mdo, p, CallTensor::kDout, D, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_call_map(&mk, p, CallTensor::kK, D, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_call_map(&mv, p, CallTensor::kV, D, K::kBlockN));
 
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;

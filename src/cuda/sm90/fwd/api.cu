@@ -58,4 +58,13 @@ fa_status run_forward(const AttentionParams& p) {
   return s;
 }
 
+size_t forward_workspace_size(const AttentionParams& p) {
+  size_t bytes = 0;
+  ForwardHeadDims::dispatch(ForwardHeadDims::kernel_for(p.head_dim), [&](auto d) {
+    bytes = forward_workspace_bytes<decltype(d)::value>(p);
+    return FA_OK;
+  });
+  return bytes;
+}
+
 }  // namespace flashattn::cuda::sm90

@@ -4,6 +4,8 @@
 // describe) or when run_forward returns FA_ERROR_UNSUPPORTED.
 #pragma once
 
+#include <cstddef>
+
 #include "core/params.h"
 
 namespace flashattn::cuda::sm90 {
@@ -21,5 +23,9 @@ bool can_run_forward(const AttentionParams& p);
 
 // Launches on p.stream. FA_ERROR_UNSUPPORTED means "use the fallback".
 fa_status run_forward(const AttentionParams& p);
+
+// Bytes run_forward(p) allocates from the stream-ordered pool (the split
+// tail's partial states; 0 for most calls).
+size_t forward_workspace_size(const AttentionParams& p);
 
 }  // namespace flashattn::cuda::sm90

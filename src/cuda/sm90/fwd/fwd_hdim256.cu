@@ -4,4 +4,5 @@
 namespace flashattn::cuda::sm90 {
 template fa_status launch_forward<256, __half>(const AttentionParams&);
 template fa_status launch_forward<256, __nv_bfloat16>(const AttentionParams&);
+template size_t forward_workspace_bytes<256>(const AttentionParams&);
 }  // namespace flashattn::cuda::sm90

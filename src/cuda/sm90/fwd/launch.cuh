@@ -48,40 +48,21 @@ cudaError_t launch_split_tail(const CUtensorMap& mq, const CUtensorMap& mk, cons
   return cudaGetLastError();
 }
 
-template <class Tune, typename T, int C, int N>
-fa_status launch_kernel(const AttentionParams& p) {
+// The work plan of one call on the instantiation (Tune, C, N): the grid, the
+// tile order and the split tail, and the bytes of the split tail's workspace
+// (0 without one). The launch and the workspace query share it.
+struct ForwardPlan {
+  FwdArgs a{};
+  int grid = 0;               // 0: nothing to do
+  size_t workspace_bytes = 0; // [O, max and sum slots][part counters] of the split tail
+  size_t o_bytes = 0;         // where the part counters start
+};
+
+template <class Tune, int C, int N>
+fa_status plan_forward(const AttentionParams& p, ForwardPlan& plan) {
   using K = FwdTraits<Tune, C, N>;
   constexpr int D = K::kHeadDim;
-  if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
-    return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
-  const bool varlen = p.is_varlen();
-  // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
-  // d is the real head dim: TMA zero-fills the box columns past it.
-  auto make_map = [&](CUtensorMap* map, const void* base, int64_t rows, int heads,
-                      int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                      uint32_t box_rows) {
-    return make_attention_map(map, p, {base, rows, heads, row_stride, head_stride, batch_stride},
-                              p.head_dim, box_rows);
-  };
-  CUtensorMap mq, mk, mv, mo;
-  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
-  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
-  FA_RETURN_IF_ERROR(make_map(&mq, p.q, rows_q, p.heads_q, p.q_row_stride, p.q_head_stride,
-                              p.q_batch_stride, K::kBlockM));
-  FA_RETURN_IF_ERROR(make_map(&mk, p.k, rows_k, p.heads_kv, p.k_row_stride, p.k_head_stride,
-                              p.k_batch_stride, K::kBlockN));
-  FA_RETURN_IF_ERROR(make_map(&mv, p.v, rows_k, p.heads_kv, p.v_row_stride, p.v_head_stride,
-                              p.v_batch_stride, K::kBlockN));
-  // O, 64 rows per box (one consumer warpgroup's rows); only where the
-  // kernel stores through TMA (not varlen), else an unused copy of Q's map.
-  if (K::kOTma && !varlen) {
-    FA_RETURN_IF_ERROR(make_map(&mo, p.out, rows_q, p.heads_q, p.o_row_stride, p.o_head_stride,
-                                p.o_batch_stride, 64));
-  } else {
-    mo = mq;
-  }
-
-  FwdArgs a;
+  FwdArgs& a = plan.a;
   const int num_m_blocks = (p.seqlen_q + K::kBlockM - 1) / K::kBlockM;
   const int64_t tiles = static_cast<int64_t>(num_m_blocks) * p.heads_q * p.batch;
   if (tiles == 0) return FA_OK;
@@ -95,7 +76,7 @@ fa_status launch_kernel(const AttentionParams& p) {
   }
   a.scale_log2 = a.logit_scale * kLog2e;
   int sms = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 forward: ") + cudaGetErrorString(err));
   int l2_bytes = 0;
   if (cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, p.device_index) != cudaSuccess) {
@@ -113,48 +94,80 @@ fa_status launch_kernel(const AttentionParams& p) {
   a.order = plan_tile_order(num_m_blocks, num_bh, grid, fit, p.has_mask(),
                             {kTileOrderRules.balanced_groups, kTileOrderRules.causal_pairs && plain_causal,
                              kTileOrderRules.head_major});
-
   a.num_steps = a.order.num_rounds;
 
-  // Split tail (attention/work_plan.h): where every tile costs the same (no mask, fixed
-  // lengths), the main kernel walks the whole rounds and a second kernel the
-  // last round's tiles cut along the keys over all CTAs, merging a tile's
-  // parts through a workspace: [O, max and sum slots][part counters].
-  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  // Split tail (attention/work_plan.h): where every tile costs the same (no
+  // mask, fixed lengths), the main kernel walks the whole rounds and a second
+  // kernel the last round's tiles cut along the keys over all CTAs, merging a
+  // tile's parts through the workspace.
   constexpr bool kHasSplitTail = Tune::kSplitTail && N == Tune::kLongBlockN;
   const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
-  const bool uniform = !p.has_mask() && !varlen;
-  SplitTail& tail = a.tail;
-  tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
-                         kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
+  const bool uniform = !p.has_mask() && !p.is_varlen();
+  a.tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
+                           kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
   a.part_o = nullptr;
   a.part_count = nullptr;
-  void* workspace = nullptr;
-  if (tail.tiles > 0) {
+  if (a.tail.tiles > 0) {
     const size_t warps = 4 * K::kConsumers;
     const size_t slot_bytes = warps * 32 * (D / 2 + 4) * sizeof(float);
-    const size_t o_bytes = static_cast<size_t>(tail.tiles) * tail.max_parts * slot_bytes;
-    const size_t count_bytes = static_cast<size_t>(tail.tiles) * warps * sizeof(int);
-    if (cudaMallocAsync(&workspace, o_bytes + count_bytes, stream) == cudaSuccess) {
+    plan.o_bytes = static_cast<size_t>(a.tail.tiles) * a.tail.max_parts * slot_bytes;
+    plan.workspace_bytes = plan.o_bytes + static_cast<size_t>(a.tail.tiles) * warps * sizeof(int);
+  }
+  plan.grid = grid;
+  return FA_OK;
+}
+
+template <class Tune, typename T, int C, int N>
+fa_status launch_kernel(const AttentionParams& p) {
+  using K = FwdTraits<Tune, C, N>;
+  constexpr int D = K::kHeadDim;
+  if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: head_dim does not fit this kernel");
+  const bool varlen = p.is_varlen();
+  // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  // d is the real head dim: TMA zero-fills the box columns past it.
+  CUtensorMap mq, mk, mv, mo;
+  FA_RETURN_IF_ERROR(make_call_map(&mq, p, CallTensor::kQ, p.head_dim, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_call_map(&mk, p, CallTensor::kK, p.head_dim, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_call_map(&mv, p, CallTensor::kV, p.head_dim, K::kBlockN));
+  // O, 64 rows per box (one consumer warpgroup's rows); only where the
+  // kernel stores through TMA (not varlen), else an unused copy of Q's map.
+  if (K::kOTma && !varlen) {
+    FA_RETURN_IF_ERROR(make_call_map(&mo, p, CallTensor::kOut, p.head_dim, 64));
+  } else {
+    mo = mq;
+  }
+
+  ForwardPlan plan;
+  if (const fa_status s = plan_forward<Tune, C, N>(p, plan); s != FA_OK) return s;
+  if (plan.grid == 0) return FA_OK;
+  FwdArgs& a = plan.a;
+  const int grid = plan.grid;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  // The split tail's workspace from the stream-ordered pool (reported by
+  // forward_workspace_bytes, fa_forward_workspace_size's answer on CUDA).
+  void* workspace = nullptr;
+  if (plan.workspace_bytes > 0) {
+    if (cudaMallocAsync(&workspace, plan.workspace_bytes, stream) == cudaSuccess) {
       a.part_o = static_cast<float*>(workspace);
-      a.part_count = reinterpret_cast<int*>(static_cast<uint8_t*>(workspace) + o_bytes);
-      a.num_steps = tail.first_rank / grid;
+      a.part_count = reinterpret_cast<int*>(static_cast<uint8_t*>(workspace) + plan.o_bytes);
+      a.num_steps = a.tail.first_rank / grid;
     } else {
       // No workspace (out of memory, no stream-ordered allocator): whole tiles only.
       cudaGetLastError();
       workspace = nullptr;
-      tail.tiles = 0;
+      a.tail.tiles = 0;
     }
   }
 
   auto kernel = forward_kernel<Tune, T, C, N, false>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err == cudaSuccess) {
     kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mk, mv, mo, p, a);
     err = cudaGetLastError();
   }
-  if constexpr (kHasSplitTail) {
-    if (err == cudaSuccess && tail.tiles > 0) err = launch_split_tail<Tune, T, C, N>(mq, mk, mv, mo, p, a, grid);
+  if constexpr (Tune::kSplitTail && N == Tune::kLongBlockN) {
+    if (err == cudaSuccess && a.tail.tiles > 0) err = launch_split_tail<Tune, T, C, N>(mq, mk, mv, mo, p, a, grid);
   }
   if (workspace != nullptr) {
     const cudaError_t free_err = cudaFreeAsync(workspace, stream);
@@ -169,12 +182,13 @@ fa_status launch_kernel(const AttentionParams& p) {
 // tile on the masked diagonal (5-10% slower than 128-row tiles at 512-4k,
 // equal at 8k/16k). Where the middle query row sees at least
 // kLongKeys keys, kLongBlockN-key tiles where the tuning has them (tuning.h
-// says why).
-template <int D, typename T>
-fa_status launch_forward(const AttentionParams& p) {
+// says why). visit_instantiation calls v.template run<Tune, C, N>() for the
+// instantiation a call of head dim D takes.
+template <int D, class Visitor>
+fa_status visit_instantiation(const AttentionParams& p, Visitor& v) {
   using Tune = ForwardTuning<D>;
   if constexpr (Tune::kCausalConsumers != Tune::kConsumers) {
-    if (p.window_right == 0) return launch_kernel<Tune, T, Tune::kCausalConsumers, Tune::kBlockN>(p);
+    if (p.window_right == 0) return v.template run<Tune, Tune::kCausalConsumers, Tune::kBlockN>();
   }
   if constexpr (Tune::kLongBlockN != Tune::kBlockN) {
     // The middle query row's keys: the length of a typical query tile's K/V
@@ -182,9 +196,40 @@ fa_status launch_forward(const AttentionParams& p) {
     // longest sequences).
     const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
     if (mask.keys_of_row(p.seqlen_q / 2) >= Tune::kLongKeys)
-      return launch_kernel<Tune, T, Tune::kConsumers, Tune::kLongBlockN>(p);
+      return v.template run<Tune, Tune::kConsumers, Tune::kLongBlockN>();
   }
-  return launch_kernel<Tune, T, Tune::kConsumers, Tune::kBlockN>(p);
+  return v.template run<Tune, Tune::kConsumers, Tune::kBlockN>();
+}
+
+template <typename T>
+struct LaunchVisitor {
+  const AttentionParams& p;
+  template <class Tune, int C, int N>
+  fa_status run() const { return launch_kernel<Tune, T, C, N>(p); }
+};
+
+struct WorkspaceVisitor {
+  const AttentionParams& p;
+  size_t bytes = 0;
+  template <class Tune, int C, int N>
+  fa_status run() {
+    ForwardPlan plan;
+    const fa_status s = plan_forward<Tune, C, N>(p, plan);
+    bytes = plan.workspace_bytes;
+    return s;
+  }
+};
+
+template <int D, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  LaunchVisitor<T> v{p};
+  return visit_instantiation<D>(p, v);
+}
+
+template <int D>
+size_t forward_workspace_bytes(const AttentionParams& p) {
+  WorkspaceVisitor v{p};
+  return visit_instantiation<D>(p, v) == FA_OK ? v.bytes : 0;
 }
 
 }  // namespace flashattn::cuda::sm90

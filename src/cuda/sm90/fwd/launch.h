@@ -5,20 +5,20 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
+
 #include "core/params.h"
 
 namespace flashattn::cuda::sm90 {
 
+// Instantiated in fwd_hdim*.cu (head_dims.h's list); the definition is not
+// visible elsewhere, so nothing else instantiates it.
 template <int kD, typename T>
 fa_status launch_forward(const AttentionParams& p);
 
-#define FLASHATTN_SM90_FWD_EXTERN(D)                                            \
-  extern template fa_status launch_forward<D, __half>(const AttentionParams&);  \
-  extern template fa_status launch_forward<D, __nv_bfloat16>(const AttentionParams&);
-FLASHATTN_SM90_FWD_EXTERN(64)
-FLASHATTN_SM90_FWD_EXTERN(128)
-FLASHATTN_SM90_FWD_EXTERN(192)
-FLASHATTN_SM90_FWD_EXTERN(256)
-#undef FLASHATTN_SM90_FWD_EXTERN
+// Bytes of the stream-ordered workspace launch_forward<kD, T> allocates for p
+// (the split tail's partial states; 0 for most calls).
+template <int kD>
+size_t forward_workspace_bytes(const AttentionParams& p);
 
 }  // namespace flashattn::cuda::sm90
