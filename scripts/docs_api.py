@@ -142,7 +142,8 @@ def parse_header(path: Path, patterns: list[re.Pattern]) -> tuple[str, list[Entr
 
 
 def _signature(node: ast.FunctionDef) -> str:
-    return f"{node.name}({ast.unparse(node.args)})"
+    returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    return f"{node.name}({ast.unparse(node.args)}){returns}"
 
 
 def _module_all(tree: ast.Module) -> list[str]:
@@ -166,29 +167,37 @@ def _python_entry(node, qualifier: str) -> Entry | None:
     return Entry(f"{qualifier}.{node.name}", declaration, doc)
 
 
-def _constant_entry(name: str, qualifier: str, tree: ast.Module) -> Entry | None:
-    """A module-level constant named in __all__: documented by the comment
-    convention of the C ABI it mirrors (its value is the documentation)."""
+def _constant_entry(name: str, qualifier: str, tree: ast.Module,
+                    lines: list[str]) -> Entry | None:
+    """A module-level constant named in __all__, documented by the # comment lines
+    just above its assignment (None without them)."""
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            value = ast.unparse(node.value)
-            if len(value) < 80 and not value.startswith(("ctypes.", "_")):
-                return Entry(f"{qualifier}.{name}", f"{name} = {value}",
-                             "Mirrors the C ABI constant of the same name.")
+            comment = []
+            row = node.lineno - 2
+            while row >= 0 and lines[row].startswith("#"):
+                comment.insert(0, lines[row].lstrip("#").strip())
+                row -= 1
+            if not comment:
+                return None
+            return Entry(f"{qualifier}.{name}", ast.get_source_segment("\n".join(lines), node),
+                         re.sub(r"^NOTES:\s*", "", "\n".join(comment)))
     return None
 
 
 def parse_python_module(path: Path, qualifier: str,
                         names: list[str] | None = None) -> tuple[str, list[Entry], list[str]]:
     """(module docstring, entries of `names` (default: __all__), undocumented names)."""
-    tree = ast.parse(path.read_text())
+    source = path.read_text()
+    tree = ast.parse(source)
     names = _module_all(tree) if names is None else names
     defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     entries, missing = [], []
     for name in names:
         node = defs.get(name)
-        entry = _python_entry(node, qualifier) if node else _constant_entry(name, qualifier, tree)
+        entry = (_python_entry(node, qualifier) if node else
+                 _constant_entry(name, qualifier, tree, source.splitlines()))
         if entry is None:
             missing.append(f"{path.relative_to(ROOT)}: {qualifier}.{name}")
         else:

@@ -28,7 +28,7 @@ capping (``softcap``) map to the library's ``window_size`` and ``softcap``.
 Not supported (NotImplementedError): attention dropout during training
 (``attention_dropout > 0``), attention sinks (``s_aux``). Attention weights are
 never returned (``output_attentions`` gives None, as with flash_attention_2).
-Needs transformers >= 4.54 (``AttentionMaskInterface``) and PyTorch >= 2.4.
+Needs a transformers with ``AttentionMaskInterface`` and PyTorch >= 2.4.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from ..interface import flash_attn_func, flash_attn_varlen_func
 
 __all__ = ["NAME", "attention_forward", "register"]
 
-# NOTES: no lowercase "flash" in it (see the module docstring).
+# The attn_implementation name registered on import; no lowercase "flash" in it
+# (see the module docstring).
 NAME = "FlashAttn"
 
 
