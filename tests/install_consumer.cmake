@@ -78,6 +78,21 @@ function(check_pkg_config_consumer)
   unset(ENV{LD_LIBRARY_PATH})
 endfunction()
 
+# The installed header's FA_VERSION_* macros spell the project's version (one
+# release number everywhere: CMake, header, fa_version(), pkg-config, the wheel).
+function(check_header_version)
+  file(STRINGS ${prefix}/include/flashattn/flashattn.h lines REGEX "^#define FA_VERSION_(MAJOR|MINOR|PATCH) ")
+  set(parts "")
+  foreach(line ${lines})
+    string(REGEX REPLACE "^#define FA_VERSION_[A-Z]+ ([0-9]+).*" "\\1" number "${line}")
+    list(APPEND parts ${number})
+  endforeach()
+  list(JOIN parts "." header_version)
+  if(NOT header_version STREQUAL VERSION)
+    message(FATAL_ERROR "flashattn.h says version ${header_version}, the project ${VERSION}")
+  endif()
+endfunction()
+
 function(check_cli_version)
   if(NOT WITH_TOOLS)
     return()
@@ -96,6 +111,7 @@ endif()
 build_and_run_consumer("find_package" ${SOURCE_DIR}/examples ${root}/consumer
                        -DCMAKE_PREFIX_PATH=${prefix})
 check_versioned_library()
+check_header_version()
 check_pkg_config_consumer()
 check_cli_version()
 build_and_run_consumer("add_subdirectory" ${SOURCE_DIR}/tests/subdirectory_consumer ${root}/subdirectory
