@@ -25,6 +25,9 @@ Causal masks are aligned to the bottom right, so generation with a KV cache
 every cached key and itself. Sliding windows (``sliding_window``) and logit soft
 capping (``softcap``) map to the library's ``window_size`` and ``softcap``.
 
+On CUDA the model runs in float16 or bfloat16 (the GPU kernels' types; float32
+raises UnsupportedError); on CPU float32 works too.
+
 Not supported (NotImplementedError): attention dropout during training
 (``attention_dropout > 0``), attention sinks (``s_aux``). Attention weights are
 never returned (``output_attentions`` gives None, as with flash_attention_2).
