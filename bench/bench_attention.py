@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Attention throughput: flashattn against torch SDPA's FlashAttention-2 and cuDNN backends.
 
-Protocol (../shared/anchors/H100.md): batch * seqlen = 16k tokens, hidden 2048 (heads =
+Protocol (docs/performance.md): batch * seqlen = 16k tokens, hidden 2048 (heads =
 2048 / head_dim), seqlen 512..16k, head dims 64/128/256, causal and not, bf16, q/k/v from
 randn; every implementation timed in this one process with triton.testing.do_bench
 (median of CUDA-event timings after warm-up). FLOPs: forward 4*b*h*s*s*d, halved when causal;
@@ -13,7 +13,7 @@ of the same memory (what flash-attn users pass; no copy inside the timed region)
   FLASHATTN_LIBRARY=build/libflashattn.so python3 bench/bench_attention.py [--backward]
 
 prints a markdown table and writes it, with device, date, git commit and the command, to
-bench/results/.
+bench/out/ (git-ignored) or --out.
 """
 import argparse
 import datetime
@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every implementation this many times per shape, the order varied "
                          "each round (timing_order.py), and report each one's median (1: one pass, ours first)")
-    ap.add_argument("--out", default=None, help="results file (default: bench/results/<date>-<device>-<mode>.md)")
+    ap.add_argument("--out", default=None, help="results file (default: bench/out/<date>-<device>-<mode>.md)")
     args = ap.parse_args()
 
     if args.sm80:
@@ -173,7 +173,7 @@ def main():
     cmd = " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
     if env:
         cmd = f"{env} {cmd}"
-    out = args.out or os.path.join(HERE, "results", f"{date[:10]}-{dev.replace(' ', '_')}-{mode}.md")
+    out = args.out or os.path.join(HERE, "out", f"{date[:10]}-{dev.replace(' ', '_')}-{mode}.md")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         f.write(f"# {mode} TFLOP/s, bf16, {TOKENS} tokens, hidden {HIDDEN}\n\n")

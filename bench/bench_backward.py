@@ -1,5 +1,5 @@
 """Backward-pass benchmark: flashattn's CUDA backward vs torch SDPA (FlashAttention-2
-and cuDNN backends), protocol of shared/anchors/H100.md.
+and cuDNN backends), the protocol of docs/performance.md.
 
 Shapes: batch*seqlen = 16384 tokens, hidden 2048 (heads = 2048 / headdim), bf16,
 q/k/v/dout from randn. FLOPs: backward = 2.5 * 4*b*h*s*s*d (halved when causal).
@@ -12,11 +12,12 @@ timed too and its cost reported. Every flashattn result is first checked
 against torch's gradients.
 
 Usage: FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \
-       python3 bench/bench_backward.py [--quick] [--out bench/results/backward.md]
+       python3 bench/bench_backward.py [--quick] [--out bench/out/backward.md]
 """
 
 import argparse
 import datetime
+import os
 import sys
 
 import torch
@@ -133,6 +134,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text + "\n")
 

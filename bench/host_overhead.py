@@ -3,7 +3,7 @@
 A tiny problem (batch 1, seqlen 128, 2 heads, head dim 128, bf16, causal) so that the GPU never
 limits: the time per call is what Python, the bindings and the library spend on the host. This
 is what decides the protocol's short-sequence cells when a call's GPU work is ~1 ms or less
-(bench/results/2026-11-22-h100-session4.md, section 5).
+(docs/performance.md, host overhead).
 
 Usage: FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/host_overhead.py
 """

@@ -2,8 +2,8 @@
 """A/B of several builds of libflashattn in ONE process, interleaved, with the anchors.
 
 Each NAME=PATH loads its own copy of the library (a separate instance of the ctypes
-binding), so variants built with different FLASHATTN_SM90_* macros (src/cuda/sm90/fwd/tuning.h)
-are timed on the same GPU state: for every shape the variants and torch SDPA's FA2 / cuDNN
+binding), so two builds (say main and a branch, or two kernel configurations) are timed on
+the same GPU state: for every shape the variants and torch SDPA's FA2 / cuDNN
 run in turn, `--rounds` times (the order varies by round: timing_order.py), and the table gives
 each one's median. List an A/A copy of the baseline (the same file under a second name) to see
 the run's own spread. Shapes and FLOPs as bench/bench_attention.py (16k tokens, hidden 2048, bf16).

@@ -10,9 +10,9 @@
 #   python    python/tests with pytest against this build's library (the torch ops on the GPU:
 #             SDPA float64 comparisons, autograd, torch.compile, opcheck)
 #   cli       `flashattn bench --protocol --backward` (the CLI's own fp64-checked sweep)
-#   bench     bench/bench_attention.py, the anchors' protocol against torch FA2 and cuDNN in the
+#   bench     bench/bench_attention.py, the protocol (docs/performance.md) against torch FA2 and cuDNN in the
 #             same process: forward (Hopper path), forward --sm80, backward (+ deterministic);
-#             results files land in $OUT/results (copy them to bench/results/)
+#             results files land in $OUT/results (docs/performance.md says how to read them)
 set -uo pipefail
 src="${1:?usage: gpu_check.sh BUILD_DIR|BUILD.tar.xz [parts]}"
 parts="${2:-tests sanitize}"

@@ -7,6 +7,51 @@ namespace {
 
 // Brute force over every (window, sizes) the ranges and tile predicates must agree
 // with visible().
+// classify() and key_tiles() against brute force: a block is empty exactly
+// when no (i, j) in it is visible, full when all are; the key-tile range
+// holds every tile with a visible key and starts and ends on one.
+TEST(MaskPolicy, TileClassesAndKeyTileRanges) {
+  for (int sq : {1, 7, 13}) {
+    for (int sk : {1, 9, 20}) {
+      for (int left : {-1, 0, 3}) {
+        for (int right : {-1, 0, 2}) {
+          const MaskPolicy m{sq, sk, left, right};
+          for (int bm : {1, 4}) {
+            for (int bn : {1, 3, 8}) {
+              for (int r0 = 0; r0 < sq; r0 += bm) {
+                const int r1 = r0 + bm < sq ? r0 + bm : sq;
+                const KeyTileRange tiles = m.key_tiles(r0, r1, bn);
+                int first_seen = -1, last_seen = -1;
+                for (int c0 = 0; c0 < sk; c0 += bn) {
+                  const int c1 = c0 + bn < sk ? c0 + bn : sk;
+                  int seen = 0;
+                  for (int i = r0; i < r1; ++i)
+                    for (int j = c0; j < c1; ++j) seen += m.visible(i, j) ? 1 : 0;
+                  const TileClass want = seen == 0 ? TileClass::kEmpty
+                                         : seen == (r1 - r0) * (c1 - c0) ? TileClass::kFull
+                                                                         : TileClass::kPartial;
+                  EXPECT_EQ(m.classify(r0, r1, c0, c1), want) << sq << " " << sk << " " << left << " "
+                                                              << right << " " << r0 << " " << c0;
+                  if (seen > 0) {
+                    if (first_seen < 0) first_seen = c0 / bn;
+                    last_seen = c0 / bn;
+                  }
+                }
+                if (first_seen < 0) {
+                  EXPECT_TRUE(tiles.empty());
+                } else {
+                  EXPECT_EQ(tiles.begin, first_seen);
+                  EXPECT_EQ(tiles.end, last_seen + 1);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MaskPolicy, RangesAgreeWithVisibility) {
   for (int sq : {1, 5, 9}) {
     for (int sk : {1, 4, 11}) {

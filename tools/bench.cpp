@@ -51,9 +51,9 @@ constexpr const char* kBenchUsage =
     "                       [--threads N] [--json]\n"
     "Times the forward (and with --backward the backward) pass over a sweep of shapes and\n"
     "checks each result against the float64 reference. --protocol runs the sweep of\n"
-    "shared/anchors/H100.md (16k tokens, hidden 2048, seqlen 512..16k, hdim 64/128/256).\n";
+    "docs/performance.md (16k tokens, hidden 2048, seqlen 512..16k, hdim 64/128/256).\n";
 
-// Sweeps: the anchors' protocol on a GPU; on a CPU the same shape of sweep,
+// Sweeps: the benchmark protocol (docs/performance.md) on a GPU; on a CPU the same shape of sweep,
 // scaled down so it runs in about a minute on two cores.
 std::vector<Shape> make_sweep(const BenchOptions& o, fa_backend backend) {
   const bool gpu_scale = o.protocol || backend == FA_BACKEND_CUDA;

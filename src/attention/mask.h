@@ -13,6 +13,19 @@
 
 namespace flashattn {
 
+// How a mask sees a (query tile, key tile) block: nothing visible (skipped,
+// no memory traffic), everything visible (no per-element test), or partly
+// (the element mask applies). A block-sparse mask answers the same question
+// from its block lists.
+enum class TileClass : int { kEmpty = 0, kPartial = 1, kFull = 2 };
+
+// A range of key tiles [begin, end) of kBlockN keys, walked by a query tile.
+struct KeyTileRange {
+  int begin = 0, end = 0;
+  FA_HOST_DEVICE bool empty() const { return end <= begin; }
+  FA_HOST_DEVICE int size() const { return end > begin ? end - begin : 0; }
+};
+
 struct MaskPolicy {
   int seqlen_q = 0;
   int seqlen_k = 0;
@@ -63,6 +76,24 @@ struct MaskPolicy {
     if (window_left < 0) return seqlen_q;
     int e = key_hi - 1 - diagonal_offset() + window_left + 1;
     return e < 0 ? 0 : (e > seqlen_q ? seqlen_q : e);
+  }
+
+  // The key tiles (of block_n keys) that query rows [row_begin, row_end) see
+  // at all: the tiles outside are skipped.
+  FA_HOST_DEVICE KeyTileRange key_tiles(int row_begin, int row_end, int block_n) const {
+    const int kb = key_begin(row_begin), ke = key_end(row_end);
+    KeyTileRange r;
+    r.begin = kb / block_n;
+    r.end = ke > kb ? (ke + block_n - 1) / block_n : r.begin;
+    return r;
+  }
+
+  // The class of the block rows [row_begin, row_end) x keys [col_begin, col_end).
+  FA_HOST_DEVICE TileClass classify(int row_begin, int row_end, int col_begin, int col_end) const {
+    const int kb = key_begin(row_begin), ke = key_end(row_end);
+    if (row_end <= row_begin || col_end <= col_begin || ke <= kb || col_end <= kb || col_begin >= ke)
+      return TileClass::kEmpty;
+    return tile_fully_visible(row_begin, row_end, col_begin, col_end) ? TileClass::kFull : TileClass::kPartial;
   }
 
   // True when every (i, j) in the tile is visible: the tile needs no masking.

@@ -8,6 +8,7 @@
 #include "core/backends.h"
 #include "core/error.h"
 #include "cuda/common/device_guard.h"
+#include "cuda/head_dims.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -61,10 +62,11 @@ fa_status check_common(const AttentionParams& p) {
     return fail(FA_ERROR_UNSUPPORTED, std::string("the CUDA backend supports f16 and bf16, not ") +
                                           fa_dtype_name(p.dtype));
   }
-  if (p.head_dim % 8 != 0 || p.head_dim > 256) {
+  if (p.head_dim % kHeadDimMultiple != 0 || p.head_dim > kMaxHeadDim) {
     return fail(FA_ERROR_UNSUPPORTED, "head_dim " + std::to_string(p.head_dim) +
-                                          " is not supported: the CUDA backend takes multiples "
-                                          "of 8 up to 256");
+                                          " is not supported: the CUDA backend takes multiples of " +
+                                          std::to_string(kHeadDimMultiple) + " up to " +
+                                          std::to_string(kMaxHeadDim));
   }
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || p.device_index >= device_count) {
@@ -138,6 +140,6 @@ fa_status check_backward(const AttentionParams& p) {
   return FA_OK;
 }
 
-// forward() lives in sm80/fwd, backward() and backward_workspace_size() in sm80/bwd.
+// forward(), backward() and backward_workspace_size() are the dispatcher's (dispatch.cu).
 
 }  // namespace flashattn::cuda

@@ -31,8 +31,8 @@ inline Case make_case(fa_dtype dtype, int sq, int sk, int d, uint64_t seed) {
 // row's running max keeps growing by more than 2^8 (after exp2) at later key
 // tiles, in either walk direction, with tiles where it stays in between: the
 // O rescale by exp(m_old - m_new) then matters at every tile, and a lazy
-// rescale (O *= corr only when some row's max moved that far; tried in
-// session 6, docs/perf-notes.md) would take both of its branches. With the
+// rescale (O *= corr only when some row's max moved that far; measured and
+// not kept, docs/performance.md) would take both of its branches. With the
 // default scale the max settles within the first key tile.
 inline std::vector<Case> large_logit_cases(const std::vector<int>& head_dims, uint64_t seed) {
   std::vector<Case> cases;

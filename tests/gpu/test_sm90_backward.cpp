@@ -14,7 +14,7 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "core/validate.h"
-#include "cuda/sm80/bwd/launch.h"
+#include "cuda/dispatch.h"
 #include "cuda/sm90/bwd/api.h"
 #include "backward_check.h"
 #include "device.h"
@@ -46,10 +46,10 @@ enum class Path { kSm90Direct, kPublicApi };
   if (path == Path::kSm90Direct) {
     if (!cuda::sm90::supports_backward(params))
       return ::testing::AssertionFailure() << "sm90::supports_backward said no";
-    // The workspace fa_backward would use (sm80/bwd/api.cu's plan): D rows and
+    // The workspace fa_backward would use (the dispatcher's plan): D rows and
     // the dQ accumulator poisoned (the pre-pass must write them), the
     // deterministic mode's semaphores zeroed.
-    const cuda::bwd::WorkspacePlan plan = cuda::bwd::plan_workspace(params);
+    const cuda::bwd::WorkspacePlan plan = cuda::plan_backward_workspace(params);
     ws_mem = device_alloc(plan.total());
     cudaMemset(ws_mem.get(), 0xff, plan.row_d + plan.dq_accum);
     const cuda::bwd::Workspace ws = cuda::bwd::carve_workspace(params, plan, ws_mem.get());

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "attention/math.h"
+
 namespace flashattn::cuda {
 
 // ---------------------------------------------------------------- dtypes
@@ -114,12 +116,7 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---------------------------------------------------------------- math
 
-// 2^x on the SFU (ex2.approx: ~2 ulp, 2^-inf = +0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x on the SFU: fast_exp2 in attention/math.h (host and device).
 
 // 1/x on the SFU (rcp.approx: ~1 ulp; 1/+-inf = +-0, 1/+-0 = +-inf).
 __device__ __forceinline__ float fast_rcp(float x) {

@@ -65,16 +65,4 @@ struct Config {
   static constexpr int kPStride = kBlockN + 8;    // P, dS (elements)
 };
 
-// The kernel head dims (one instantiation each); a head dim runs on the
-// smallest one at least as large.
-inline int kernel_head_dim(int d) {
-  if (d <= 32) return 32;
-  if (d <= 64) return 64;
-  if (d <= 96) return 96;
-  if (d <= 128) return 128;
-  if (d <= 160) return 160;
-  if (d <= 192) return 192;
-  return 256;
-}
-
 }  // namespace flashattn::cuda::bwd

@@ -171,7 +171,7 @@ __device__ __forceinline__ void pair_sync(int pair) { named_sync(1 + pair, 64); 
 
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
 // tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);
-// bench/fwd_variants.cu instantiates others to compare shapes in one process.
+// a benchmark can instantiate others to compare shapes in one process.
 template <int kD, typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
@@ -558,7 +558,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
       // Two bodies, chosen once per tile: the plain one has no branch between
       // the first mma and the last exp2, so the compiler interleaves freely.
       // NOTES: a runtime `if` around the mask inside one body split it into
-      // basic blocks; two bodies measured faster (docs/perf-notes.md).
+      // basic blocks; two bodies measured faster (docs/performance.md).
       Scores s;
       if (needs_mask(n0)) {
         qk(s, slot);

@@ -33,7 +33,7 @@
 
 namespace flashattn::cuda::sm80 {
 
-// NOTES (kFastStores, session 13; every head dim): the epilogue's O into
+// NOTES (kFastStores; every head dim): the epilogue's O into
 // shared memory with the lane's one swizzle computed once, and whole query
 // tiles copied out with all shared-memory reads before the global stores and
 // no per-row test (kernel.cuh). ncu of d256 1k non-causal (H100, locked
@@ -42,12 +42,12 @@ namespace flashattn::cuda::sm80 {
 // torch's FA2 took 1.5% fewer cycles there while ours is 3-5% ahead from 4k.
 inline constexpr bool kFastStores = FLASHATTN_SM80_FAST_STORES;
 
-// NOTES (TileCopy::kWide, FLASHATTN_SM80_WIDE_COPIES; session 13): whole K/V
+// NOTES (TileCopy::kWide, FLASHATTN_SM80_WIDE_COPIES): whole K/V
 // tiles at d256 (kFastWholeTiles) copied in FlashAttention-2's thread layout,
 // 8 threads per 128-byte row segment and the 4 column blocks as immediate
 // offsets: 4 row pointers per tile and thread instead of a 64-bit add per
 // 16-byte copy (32 per tile). SASS: LDGSTS [R + imm] from 4 pointers. A/B in
-// one process (5 rounds; bench/results/2026-11-24-h100-session13.md, 9):
+// one process (5 rounds, H100):
 // +1.4..+3.8% at 512-16k, both masks (10 of 10 cells); 9 rounds at 1k/2k
 // non-causal +1.2/+1.8%. Output bitwise equal.
 
@@ -55,10 +55,10 @@ template <int HeadDim>
 struct ForwardTuning;
 
 // NOTES: all numbers below are bf16 forward TFLOP/s on an H100 SXM at the
-// bench protocol (16k tokens, hidden 2048), from bench/fwd_variants.cu; see
-// docs/perf-notes.md. Registers are the real limit: every shape here sits at
-// 190..255 registers with no spills (-Xptxas -v), i.e. 2 CTAs of 4 warps or
-// 1 CTA of 8 warps per SM.
+// bench protocol (16k tokens, hidden 2048), from a harness that timed several
+// tunings in one process (docs/performance.md). Registers are the real limit:
+// every shape here sits at 190..255 registers with no spills (-Xptxas -v),
+// i.e. 2 CTAs of 4 warps or 1 CTA of 8 warps per SM.
 
 // NOTES: d64's shape with Q in registers (16 regs at d = 32). The wide N = 128
 // tile used before (S = 128 regs, to amortise the per-tile shuffles and
@@ -80,7 +80,7 @@ struct ForwardTuning<32> {
 // barrier per tile, 80 KB (2 CTAs/SM on an H100 and on an A100). Fits 255
 // registers with no spills since the softcap tanh is branch-free, P is packed
 // per row half, and this width takes the per-row mask bounds (kernel.cuh);
-// before, 40..84 bytes of spills. Run of 2026-11-22 12:50 (fwd_variants, two
+// before, 40..84 bytes of spills. Run of 2026-11-22 12:50 (that harness, two
 // runs each, seqlen 1023/1k/4k/16k): 276..300/299..306/329..336/335..338
 // (causal 225..226/226..227/295/309..319) against 253..265/262..269/288..292/
 // 298..299 (causal 208..211/208..211/257..266/282..287) for the 128x64 tile
@@ -115,7 +115,7 @@ struct ForwardTuning<96> {
 // A100 (164 KB/SM; not measured there; one stage, 64 KB, fits 2). O (128) + S
 // (64) + fragments fit 255 registers without spills since K's fragments load
 // as consecutive register pairs; two stages spilled 20 bytes until P was
-// packed per row half. Run of 2026-11-22 12:50 (fwd_variants, two runs each,
+// packed per row half. Run of 2026-11-22 12:50 (that harness, two runs each,
 // seqlen 1023/1k/4k/16k): 342..349/346..348/357..363/378..381 (causal
 // 261..262/259..263/323..327/334..351) against 304..320/313..322/335..348/
 // 352..355 (causal 251..255/252..256/295..309/319..322) for one stage:
@@ -155,19 +155,18 @@ struct ForwardTuning<192> {
 // 8 warps, N = 64, one stage 259/260/278/287; N = 32, three stages 234/238/
 // 261/267 (both 1 CTA/SM: half the K/V traffic from L2 per query row did not
 // pay for the SM-wide barriers).
-// NOTES (kPairSplit, session 12): ncu at 4k non-causal had shared memory at
+// NOTES (kPairSplit): ncu at 4k non-causal had shared memory at
 // 75% of its peak (ldmatrix: Q 8 + K 32 + V 32 KB per warp and key tile for
 // 16 rows; torch's FA2, same tile, 77%). With two warps per 32 rows, each
 // reading K for its 32 keys and V for its 128 columns, it is 16 + 16 + 16 KB
 // plus 4 KB of P exchange: 28% fewer bytes for the same mma's. Measured: 60%
 // of peak, 4.3% fewer cycles (2.99M vs 3.13M). A/B in one process
-// (bench/sm90_fwd_ab.py, 3 rounds, two runs; bench/results/
-// 2026-11-24-h100-session12.md): +2..+8% at 1k-8k (non-causal and causal;
-// one cell +0.4%), +2..+6% at 16k. 106.5 KB: sm_86/89 (99 KB per CTA) run without it
-// (kernel.cuh's launch_forward). Fragments of the next Q K^T k-step read
-// ahead into a second register set (on top): 0.97..1.01 of without; V's
-// copies spread over the Q K^T k-loop instead of one burst: 0.96..1.00 of
-// without. Dropped.
+// (bench/sm90_fwd_ab.py, 3 rounds, two runs, H100): +2..+8% at 1k-8k
+// (non-causal and causal; one cell +0.4%), +2..+6% at 16k. 106.5 KB: sm_86/89
+// (99 KB per CTA) run without it (kernel.cuh's launch_forward). Fragments of
+// the next Q K^T k-step read ahead into a second register set (on top):
+// 0.97..1.01 of without; V's copies spread over the Q K^T k-loop instead of
+// one burst: 0.96..1.00 of without. Dropped.
 template <>
 struct ForwardTuning<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/head_dims.h"
 #include "cuda/sm90/bwd/api.h"
 #include "cuda/sm90/bwd/launch.h"
 #include "cuda/sm90/bwd/tuning.h"
@@ -19,7 +20,7 @@ bool supports_backward(const AttentionParams& p) {
   // Softcap: dS needs 1 - tanh^2 next to P; a second path in the kernel for it
   // made ptxas serialize the wgmmas (C7512) of every case: sm80 runs it.
   if (p.softcap > 0.0f) return false;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (!BackwardHeadDims::exact(p.head_dim)) return false;
   // The forward's checks (dtype, non-empty, int32 TMA coordinates, device 9.0)
   // hold for the backward's tensors too: dout/dq/dk/dv share q/k/v's shapes.
   return supports_forward(p);
@@ -34,14 +35,13 @@ fa_status run_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   if (ws.accum_dim != p.head_dim)
     return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width != head_dim");
   const bool bf16 = p.dtype == FA_BF16;
-  switch (p.head_dim) {
-    case 64: return bf16 ? launch_backward<64, __nv_bfloat16>(p, ws) : launch_backward<64, __half>(p, ws);
-    case 128: return bf16 ? launch_backward<128, __nv_bfloat16>(p, ws) : launch_backward<128, __half>(p, ws);
-    case 256: return bf16 ? launch_backward<256, __nv_bfloat16>(p, ws) : launch_backward<256, __half>(p, ws);
-    default:
-      return fail(FA_ERROR_UNSUPPORTED,
-                  "sm90 backward: no kernel for head_dim " + std::to_string(p.head_dim));
-  }
+  const fa_status s = BackwardHeadDims::dispatch(p.head_dim, [&](auto d) {
+    return bf16 ? launch_backward<decltype(d)::value, __nv_bfloat16>(p, ws)
+                : launch_backward<decltype(d)::value, __half>(p, ws);
+  });
+  if (s == FA_ERROR_UNSUPPORTED && !BackwardHeadDims::exact(p.head_dim))
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: no kernel for head_dim " + std::to_string(p.head_dim));
+  return s;
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,12 +1,12 @@
 // The Hopper (sm_90a) backward main kernel: wgmma + TMA + warp specialization.
-// The sm80 backward (src/cuda/sm80/bwd/api.cu) runs its pre-pass, then calls
-// can_run_backward() and run_backward() instead of its own main kernel when they
-// apply, then its post-pass; FA_ERROR_UNSUPPORTED from run_backward means "use
-// the sm80 main kernel" (nothing was launched).
+// The dispatcher (src/cuda/dispatch.cu) runs the shared pre-pass, then this
+// main kernel where can_run_backward() says so, then the post-pass;
+// FA_ERROR_UNSUPPORTED from run_backward means "use the sm80 main kernel"
+// (nothing was launched).
 #pragma once
 
 #include "core/params.h"
-#include "cuda/sm80/bwd/launch.h"
+#include "cuda/bwd/workspace.h"
 
 namespace flashattn::cuda::sm90 {
 

@@ -67,7 +67,7 @@
 //   the d 256 kernel showed L2 at 82-87% of peak, 66% of it tag lookups, and
 //   30% of warp stalls on the reds. Rows made contiguous first (8 lanes x 16
 //   bytes = one 128-byte row segment) cut requests 4x: +12..32% backward
-//   TFLOP/s (docs/perf-notes.md).
+//   TFLOP/s (docs/performance.md).
 #pragma once
 
 #include <cuda.h>

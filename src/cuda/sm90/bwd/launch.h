@@ -5,7 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "core/params.h"
-#include "cuda/sm80/bwd/launch.h"
+#include "cuda/bwd/workspace.h"
 
 namespace flashattn::cuda::sm90 {
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/head_dims.h"
 #include "cuda/sm90/fwd/api.h"
 #include "cuda/sm90/fwd/launch.h"
 
@@ -32,7 +33,7 @@ bool disabled_by_env() {
 
 bool supports_forward(const AttentionParams& p) {
   if (p.dtype != FA_F16 && p.dtype != FA_BF16) return false;
-  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim > 256) return false;
+  if (ForwardHeadDims::kernel_for(p.head_dim) == 0) return false;
   if (p.batch <= 0 || p.heads_q <= 0 || p.heads_kv <= 0 || p.total_q <= 0 || p.total_k <= 0)
     return false;
   // TMA: global strides must be 16-byte multiples and the base 16-byte aligned
@@ -43,21 +44,18 @@ bool supports_forward(const AttentionParams& p) {
 
 bool can_run_forward(const AttentionParams& p) { return !disabled_by_env() && supports_forward(p); }
 
-// NOTES: a head dim runs on the smallest kernel that holds it (64, 128, 192,
-// 256; see kernel.cuh for how the columns past it are zero-filled and never
-// stored). 96 pads to 128 (25% more tensor-core work than needed) because a
-// 96-column tile is not a whole number of 128-byte swizzle atoms.
+// A head dim runs on the smallest kernel that holds it (head_dims.h; see
+// kernel.cuh for how the columns past it are zero-filled and never stored).
 fa_status run_forward(const AttentionParams& p) {
+  const int kd = ForwardHeadDims::kernel_for(p.head_dim);
   const bool bf16 = p.dtype == FA_BF16;
-  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim > 256)
-    return fail(FA_ERROR_UNSUPPORTED,
-                "sm90 forward: no kernel for head_dim " + std::to_string(p.head_dim));
-  if (p.head_dim <= 64) return bf16 ? launch_forward<64, __nv_bfloat16>(p) : launch_forward<64, __half>(p);
-  if (p.head_dim <= 128)
-    return bf16 ? launch_forward<128, __nv_bfloat16>(p) : launch_forward<128, __half>(p);
-  if (p.head_dim <= 192)
-    return bf16 ? launch_forward<192, __nv_bfloat16>(p) : launch_forward<192, __half>(p);
-  return bf16 ? launch_forward<256, __nv_bfloat16>(p) : launch_forward<256, __half>(p);
+  const fa_status s = ForwardHeadDims::dispatch(kd, [&](auto d) {
+    return bf16 ? launch_forward<decltype(d)::value, __nv_bfloat16>(p)
+                : launch_forward<decltype(d)::value, __half>(p);
+  });
+  if (s == FA_ERROR_UNSUPPORTED && kd == 0)
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: no kernel for head_dim " + std::to_string(p.head_dim));
+  return s;
 }
 
 }  // namespace flashattn::cuda::sm90

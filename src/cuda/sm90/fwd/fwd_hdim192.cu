@@ -1,5 +1,5 @@
 // Hopper forward instantiations for head dim 192 (one file per head dim so they build in parallel).
-#include "cuda/sm90/fwd/kernel.cuh"
+#include "cuda/sm90/fwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
 template fa_status launch_forward<192, __half>(const AttentionParams&);

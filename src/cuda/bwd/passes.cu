@@ -1,0 +1,148 @@
+// Pre- and post-passes of the sm80 backward (memory-bound, one pass each).
+//   pre:  D[h][row] = rowsum(dO * O) in f32, and the f32 dQ accumulator zeroed.
+//   post: dq = scale * dQ accumulator, rounded to the input dtype.
+// NOTES: one warp per (row, head) in the pre-pass: a row of up to 256 16-bit
+// elements is at most 32 16-byte chunks, one per lane, so the loads are 16
+// bytes wide and coalesced and the reduction is a warp shuffle. The softmax
+// scale is applied here (and to dK in the main kernel's epilogue) rather than
+// to dS, whose scaled values would lose bits in fp16 (see kernel.cuh).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "cuda/bwd/workspace.h"
+
+namespace flashattn::cuda::bwd {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Row `row` of the flattened (total_q) view -> its sequence and row in it.
+// Fixed-length batches divide; varlen batches search cu_seqlens_q.
+__device__ __forceinline__ void locate_row(const AttentionParams& p, int64_t row, int* b, int* r) {
+  if (!p.is_varlen()) {
+    *b = static_cast<int>(row / p.seqlen_q);
+    *r = static_cast<int>(row % p.seqlen_q);
+    return;
+  }
+  int lo = 0, hi = p.batch;  // last b with cu_seqlens_q[b] <= row
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (p.cu_seqlens_q[mid] <= row) lo = mid; else hi = mid;
+  }
+  *b = lo;
+  *r = static_cast<int>(row - p.cu_seqlens_q[lo]);
+}
+
+template <typename T>
+__global__ void prepass_kernel(const AttentionParams p, const Workspace ws) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t items = p.total_q * p.heads_q;
+  for (int64_t item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; item < items; item += warps) {
+    const int64_t row = item / p.heads_q;
+    const int h = static_cast<int>(item % p.heads_q);
+    int b, r;
+    locate_row(p, row, &b, &r);
+    const int64_t seq_first = p.is_varlen() ? p.cu_seqlens_q[b] : static_cast<int64_t>(b) * p.seqlen_q;
+    const T* o = static_cast<const T*>(p.out) +
+                 row_offset(b, seq_first, r, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.is_varlen());
+    const T* d = static_cast<const T*>(p.dout) +
+                 row_offset(b, seq_first, r, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride, p.is_varlen());
+    float sum = 0.0f;
+    for (int c = lane * 8; c < p.head_dim; c += 32 * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += to_float(oe[e]) * to_float(de[e]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) ws.row_d[static_cast<int64_t>(h) * p.total_q + row] = sum;
+    float4* acc = reinterpret_cast<float4*>(ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + row) * ws.accum_dim);
+    for (int c = lane; c < ws.accum_dim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+template <typename T>
+__global__ void postpass_kernel(const AttentionParams p, const Workspace ws) {
+  // One thread per 8 output elements (one 16-byte store).
+  const int chunks = p.head_dim / 8;
+  const int64_t items = p.total_q * p.heads_q * chunks;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(item % chunks) * 8;
+    const int64_t rh = item / chunks;
+    const int64_t row = rh / p.heads_q;
+    const int h = static_cast<int>(rh % p.heads_q);
+    int b, r;
+    locate_row(p, row, &b, &r);
+    const int64_t seq_first = p.is_varlen() ? p.cu_seqlens_q[b] : static_cast<int64_t>(b) * p.seqlen_q;
+    const float* src = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + row) * ws.accum_dim + c;
+    float4 a = __ldcs(reinterpret_cast<const float4*>(src));
+    float4 a2 = __ldcs(reinterpret_cast<const float4*>(src + 4));
+    a.x *= p.scale; a.y *= p.scale; a.z *= p.scale; a.w *= p.scale;
+    a2.x *= p.scale; a2.y *= p.scale; a2.z *= p.scale; a2.w *= p.scale;
+    uint4 out;
+    T* oe = reinterpret_cast<T*>(&out);
+    oe[0] = from_float<T>(a.x); oe[1] = from_float<T>(a.y); oe[2] = from_float<T>(a.z); oe[3] = from_float<T>(a.w);
+    oe[4] = from_float<T>(a2.x); oe[5] = from_float<T>(a2.y); oe[6] = from_float<T>(a2.z); oe[7] = from_float<T>(a2.w);
+    T* dst = static_cast<T*>(p.dq) +
+             row_offset(b, seq_first, r, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.is_varlen()) + c;
+    *reinterpret_cast<uint4*>(dst) = out;
+  }
+}
+
+fa_status launched(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
+  return FA_OK;
+}
+
+int grid_for(int64_t items, int per_block) {
+  // Grid-stride loops: enough blocks to fill any current GPU several times over.
+  const int64_t blocks = (items + per_block - 1) / per_block;
+  return static_cast<int>(blocks < 4096 ? (blocks < 1 ? 1 : blocks) : 4096);
+}
+
+}  // namespace
+
+template <typename T>
+fa_status run_prepass(const AttentionParams& p, const Workspace& ws) {
+  const int64_t items = p.total_q * p.heads_q;
+  if (items == 0) return FA_OK;
+  prepass_kernel<T><<<grid_for(items, 8), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(p, ws);
+  return launched("backward pre-pass launch");
+}
+
+template <typename T>
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws) {
+  const int64_t items = p.total_q * p.heads_q * (p.head_dim / 8);
+  if (items == 0) return FA_OK;
+  postpass_kernel<T><<<grid_for(items, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(p, ws);
+  return launched("backward post-pass launch");
+}
+
+template fa_status run_prepass<__half>(const AttentionParams&, const Workspace&);
+template fa_status run_prepass<__nv_bfloat16>(const AttentionParams&, const Workspace&);
+template fa_status run_postpass<__half>(const AttentionParams&, const Workspace&);
+template fa_status run_postpass<__nv_bfloat16>(const AttentionParams&, const Workspace&);
+
+}  // namespace flashattn::cuda::bwd

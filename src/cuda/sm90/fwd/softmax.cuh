@@ -1,0 +1,120 @@
+// The Hopper forward's softmax: the score modifier (softcap), the mask of a
+// key tile and the online-softmax step, on a consumer warpgroup's S fragment
+// (wgmma's accumulator layout: thread t of a warp holds rows t/4 and t/4 + 8,
+// columns 2 (t % 4) + 8 i and +1 of its 16 rows).
+#pragma once
+
+#include <cmath>
+
+#include "attention/mask.h"
+#include "attention/score_mod.h"
+#include "cuda/common/mma.h"
+#include "cuda/sm90/fwd/scheduler.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// P's exponentials in online_softmax: exp2(x, i) for element i of s. The
+// default is fast_exp2 (attention/math.h), one MUFU.EX2 that ignores i:
+// exp2f adds a range check and a rescale per element for denormal results,
+// ~4 extra instructions on the softmax's critical path; this flushes them to
+// 0, and 2^-inf = 0. bench/sm90_softmax_beside_wgmma.cu passes a policy that
+// moves some of them off the MUFU.
+struct MufuExp2 {
+  __device__ __forceinline__ float operator()(float x, int) const { return fast_exp2(x); }
+};
+
+// One online-softmax step on a warpgroup's S fragment (2 rows per thread):
+// new row max, correction factor for the old O and l, P = exp(S - max) in place.
+// NOTES: the row max and row sum are reduced through kAcc independent partials
+// and both rows' shuffles are issued together: as one chain per row they were
+// 32 dependent FMNMX (and FADD) per row, which ptxas kept in order (fmax and
+// float adds are not reassociated), the first exponential of the tile waiting
+// behind the whole max chain of row 0.
+template <int kN, typename Exp2 = MufuExp2>
+__device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], float (&l)[2],
+                                               float (&corr)[2], float scale_log2, Exp2 exp2 = {}) {
+  constexpr int kPairs = kN / 4;  // (element pairs per row)
+  constexpr int kAcc = kPairs % 4 == 0 ? 4 : (kPairs % 2 == 0 ? 2 : 1);
+  float mx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float part[kAcc];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) part[a] = fmaxf(s[4 * a + 2 * r], s[4 * a + 2 * r + 1]);
+#pragma unroll
+    for (int i = kAcc; i < kPairs; ++i)
+      part[i % kAcc] = fmaxf(part[i % kAcc], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+    // m_new = max(m, rowmax(S)) (this thread's quarter of the row, then the quad)
+    mx[r] = m[r];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) mx[r] = fmaxf(mx[r], part[a]);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // A row that has seen no visible key keeps max -inf: subtract 0 instead so
+    // exp2(-inf - 0) = 0 rather than NaN.
+    const float ms = mx[r] == -INFINITY ? 0.0f : mx[r] * scale_log2;
+    corr[r] = fast_exp2(m[r] * scale_log2 - ms);  // exp(m_old - m_new)
+    m[r] = mx[r];
+    float sum[kAcc];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) sum[a] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // P = exp2(S * scale * log2 e - m_new * scale * log2 e)
+        const float v = exp2(fmaf(s[4 * i + 2 * r + e], scale_log2, -ms), 4 * i + 2 * r + e);
+        s[4 * i + 2 * r + e] = v;
+        sum[i % kAcc] += v;
+      }
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) total += sum[a];
+    // l_new = l * exp(m_old - m_new) + rowsum(P); per-thread partial sums, the
+    // quad reduction happens once, in the epilogue.
+    l[r] = l[r] * corr[r] + total;
+  }
+}
+
+// The mask of key tile n (keys n0 .. n0 + kBlockN - 1) on this thread's two
+// rows: -inf where a key is not visible. Skipped for tiles the mask shows in
+// full.
+// NOTES: visible(row, col) as one range per row: columns [lo, hi) of the tile
+// relative to this lane's first, n0 + 2 * (lane % 4), so each element compares
+// a compile-time column with two bounds (per-element visible() took ~6
+// instructions an element; the ranges gave causal +9-11% at 2k). Without a
+// window only the ragged end is cut, with row-independent bounds: per-row
+// ones there too cost the unmasked runs 2-5%.
+template <int kBlockN>
+__device__ __forceinline__ void mask_key_tile(float (&s)[kBlockN / 2], const RowTile& t, int n, int lane) {
+  const int n0 = n * kBlockN;
+  if (t.mask.tile_fully_visible(t.w.m0, t.rows_end, n0, n0 + kBlockN)) return;
+  const int col0 = n0 + 2 * (lane % 4);
+  int lo[2], hi[2];
+  if (t.mask.window_left < 0 && t.mask.window_right < 0) {
+    lo[0] = lo[1] = -col0;
+    hi[0] = hi[1] = t.mask.seqlen_k - col0;
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lo[r] = max(t.mask.first_key(t.row0 + 8 * r), 0) - col0;
+      hi[r] = min(t.mask.end_key(t.row0 + 8 * r), t.mask.seqlen_k) - col0;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * i + (e & 1), r = e >> 1;
+      if (c < lo[r] || c >= hi[r]) s[4 * i + e] = -INFINITY;
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm90
