@@ -12,10 +12,16 @@ constexpr const char* kUsage =
     "  bench   time and check attention over a sweep of shapes (the main job)\n"
     "  run     attention on .npy files (forward, and backward with --backward)\n"
     "  info    version and the backends this build can use\n"
+    "  --version  print the library version and exit\n"
     "Run 'flashattn <command> --help' for a command's options.\n";
 
-int info_main() {
+int version_main() {
   std::printf("flashattn %s (commit %s)\n", fa_version(), fa_build_commit());
+  return 0;
+}
+
+int info_main() {
+  version_main();
   const char* archs = fa_build_cuda_architectures();
   std::printf("  CUDA architectures compiled in: %s\n", archs[0] != '\0' ? archs : "none");
   for (fa_backend b : {FA_BACKEND_CPU, FA_BACKEND_CUDA}) {
@@ -33,6 +39,7 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (!std::strcmp(argv[1], "--version")) return version_main();
   try {
     flashattn::tools::Args args(argc, argv, 2);
     if (!std::strcmp(argv[1], "bench")) return flashattn::tools::bench_main(args);

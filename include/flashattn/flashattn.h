@@ -29,11 +29,14 @@
 extern "C" {
 #endif
 
+/* The version of this header (fa_version() gives the library's), and the most
+ * dimensions an fa_tensor has. */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 1
 #define FA_VERSION_PATCH 0
 #define FA_MAX_DIMS 4
 
+/* What every function returns; fa_status_string() names it. */
 typedef enum fa_status {
   FA_OK = 0,
   FA_ERROR_INVALID_ARGUMENT = 1,  /* bad shape, stride, option or pointer */
@@ -44,16 +47,20 @@ typedef enum fa_status {
   FA_ERROR_INTERNAL = 6
 } fa_status;
 
+/* Element types: float32, float16, bfloat16. */
 typedef enum fa_dtype { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
 
+/* Where a tensor's memory lives. */
 typedef enum fa_device_type { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device_type;
 
+/* Which implementation runs a call. */
 typedef enum fa_backend {
   FA_BACKEND_AUTO = 0, /* where the tensors live: CUDA tensors -> CUDA, host -> CPU */
   FA_BACKEND_CPU = 1,
   FA_BACKEND_CUDA = 2
 } fa_backend;
 
+/* A strided view of memory the caller owns (shape and strides up to ndim). */
 typedef struct fa_tensor {
   void* data;
   fa_dtype dtype;
@@ -75,6 +82,7 @@ typedef struct fa_varlen {
   int32_t max_seqlen_k;
 } fa_varlen;
 
+/* Options of a call: start from fa_default_options(), then set fields. */
 typedef struct fa_options {
   float softmax_scale;   /* 0 -> 1/sqrt(head_dim) */
   int32_t causal;        /* bottom-right aligned when seqlen_q != seqlen_k */
@@ -91,6 +99,8 @@ typedef struct fa_options {
 /* Defaults: scale 1/sqrt(d), no mask, window (-1,-1), auto backend. */
 FA_API fa_options fa_default_options(void);
 
+/* The calling thread's last error message; the names of a status and of a
+ * dtype; the library's version ("0.1.0"). */
 FA_API const char* fa_last_error(void);
 FA_API const char* fa_status_string(fa_status status);
 FA_API const char* fa_dtype_name(fa_dtype dtype);

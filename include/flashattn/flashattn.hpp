@@ -11,6 +11,7 @@
 
 namespace flashattn {
 
+// What every call below throws on failure: the status and the library's message.
 class Error : public std::runtime_error {
  public:
   Error(fa_status status, const std::string& message)
@@ -21,6 +22,7 @@ class Error : public std::runtime_error {
   fa_status status_;
 };
 
+// Throws Error for any status but FA_OK.
 inline void check(fa_status status) {
   if (status != FA_OK) throw Error(status, std::string(fa_status_string(status)) + ": " + fa_last_error());
 }
@@ -89,6 +91,7 @@ inline void forward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v, 
   check(fa_forward(&q, &k, &v, &out, lse, varlen, &o));
 }
 
+// Bytes of scratch memory backward() needs for these arguments.
 inline size_t backward_workspace_size(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
                                       const Options& options = {},
                                       const fa_varlen* varlen = nullptr) {
@@ -98,6 +101,8 @@ inline size_t backward_workspace_size(const fa_tensor& q, const fa_tensor& k, co
   return bytes;
 }
 
+// dq, dk, dv from the forward's out and lse; workspace as in fa_backward
+// (nullptr: the library allocates what it needs).
 inline void backward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
                      const fa_tensor& out, const fa_tensor& dout, const fa_tensor& lse,
                      fa_tensor& dq, fa_tensor& dk, fa_tensor& dv, const Options& options = {},

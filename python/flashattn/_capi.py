@@ -100,26 +100,38 @@ class FlashAttnError(Exception):
 
 
 class InvalidArgumentError(FlashAttnError, ValueError):
+    """A bad shape, stride, option or pointer (FA_ERROR_INVALID_ARGUMENT)."""
+
     status = FA_ERROR_INVALID_ARGUMENT
 
 
 class UnsupportedError(FlashAttnError, NotImplementedError):
+    """Valid, but not implemented: a dtype, head dim, ... (FA_ERROR_UNSUPPORTED)."""
+
     status = FA_ERROR_UNSUPPORTED
 
 
 class BackendUnavailableError(FlashAttnError, RuntimeError):
+    """The backend was not built, or no device is present (FA_ERROR_BACKEND_UNAVAILABLE)."""
+
     status = FA_ERROR_BACKEND_UNAVAILABLE
 
 
 class DeviceError(FlashAttnError, RuntimeError):
+    """A CUDA call failed (FA_ERROR_DEVICE)."""
+
     status = FA_ERROR_DEVICE
 
 
 class OutOfMemoryError(FlashAttnError, RuntimeError):
+    """An allocation failed (FA_ERROR_OUT_OF_MEMORY)."""
+
     status = FA_ERROR_OUT_OF_MEMORY
 
 
 class InternalError(FlashAttnError, RuntimeError):
+    """A bug in flashattn (FA_ERROR_INTERNAL)."""
+
     status = FA_ERROR_INTERNAL
 
 
@@ -241,7 +253,9 @@ def _candidate_paths():
         # An explicit choice: no fallback, so a typo is not hidden by another copy.
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.join(here, d, "libflashattn.so") for d in ("lib", "lib64")]
+    # A wheel holds the library under its SONAME only (libflashattn.so.0, no symlinks).
+    paths = [os.path.join(here, d, name) for d in ("lib", "lib64")
+             for name in ("libflashattn.so.0", "libflashattn.so")]
     found = ctypes.util.find_library("flashattn")
     if found:
         paths.append(found)
@@ -281,12 +295,14 @@ def library() -> ctypes.CDLL:
 
 
 def library_path() -> str:
+    """The path libflashattn was loaded from (loads it on first use)."""
     library()
     assert _lib_path is not None
     return _lib_path
 
 
 def version() -> str:
+    """The loaded library's version (fa_version())."""
     return library().fa_version().decode()
 
 
