@@ -200,6 +200,9 @@ FA_API fa_kvcache fa_default_kvcache(void);
 FA_API fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
                                     fa_tensor* lse, const fa_options* options, void* workspace,
                                     size_t workspace_bytes);
+
+/* Bytes of workspace fa_forward_kvcache needs for these arguments, on q's device (CUDA:
+ * the rotated q and the split-KV partial states) or on the host (CPU backend). */
 FA_API fa_status fa_forward_kvcache_workspace_size(const fa_tensor* q, const fa_kvcache* cache,
                                                    const fa_options* options, size_t* bytes);
 

@@ -113,8 +113,7 @@ inline void backward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
                     workspace_bytes));
 }
 
-// Attention against a KV cache (see fa_kvcache): appends cache.k_new/v_new in
-// place, then out = attention(q, cache); lse (f32) is written when given.
+// Bytes of workspace forward_kvcache needs for these arguments (on q's device).
 inline size_t kvcache_workspace_size(const fa_tensor& q, const fa_kvcache& cache,
                                      const Options& options = {}) {
   const fa_options o = options.to_c();
@@ -123,6 +122,8 @@ inline size_t kvcache_workspace_size(const fa_tensor& q, const fa_kvcache& cache
   return bytes;
 }
 
+// Attention against a KV cache (see fa_kvcache): appends cache.k_new/v_new in
+// place, then out = attention(q, cache); lse (f32) is written when given.
 inline void forward_kvcache(const fa_tensor& q, const fa_kvcache& cache, fa_tensor& out,
                             fa_tensor* lse = nullptr, const Options& options = {},
                             void* workspace = nullptr, size_t workspace_bytes = 0) {
