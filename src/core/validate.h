@@ -1,6 +1,8 @@
 // Turns C API arguments into validated AttentionParams, or a clear error.
 #pragma once
 
+#include <cstddef>
+
 #include "core/params.h"
 
 namespace flashattn {
@@ -38,5 +40,16 @@ fa_status make_backward_params(const BackwardArgs& args, AttentionParams* params
 fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                             const fa_varlen* varlen, const fa_options* options,
                             AttentionParams* params);
+
+// Shared 64-bit checks (the other entry points reuse them):
+// a non-empty tensor's strides are positive, its last dimension contiguous,
+// its data non-null, and its last byte's offset fits 64 bits without wrapping
+// the address space;
+fa_status check_tensor_extent(const fa_tensor& t, const char* name);
+// an output shares no byte with `other` (FA_ERROR_INVALID_ARGUMENT naming both);
+fa_status check_no_overlap(const fa_tensor& output, const char* output_name, const fa_tensor& other,
+                           const char* other_name);
+// a caller's backward workspace is FA_WORKSPACE_ALIGNMENT-aligned and overlaps no tensor.
+fa_status check_workspace(const BackwardArgs& args, const void* workspace, size_t bytes);
 
 }  // namespace flashattn

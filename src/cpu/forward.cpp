@@ -47,8 +47,8 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
       float* si = &w.s[i * kBlockK];
       // m_new = max(m, rowmax(S))
       float m_new = w.row_max[i];
-      for (int j = 0; j < kBlockK; ++j) m_new = std::max(m_new, si[j]);
-      if (m_new == kNegInf) continue;  // nothing visible yet in this row
+      for (int j = 0; j < kBlockK; ++j) m_new = max_keep_nan(m_new, si[j]);
+      if (m_new == kNegInf) continue;  // nothing visible (or only -inf scores) yet in this row
       // P = exp(S - m_new); l = l * exp(m - m_new) + rowsum(P); O *= exp(m - m_new)
       const float correction = std::exp(w.row_max[i] - m_new);
       const float sum = exp_shifted(si, m_new);
@@ -61,18 +61,25 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
     for (int i = 0; i < rows; ++i) {
       if (w.row_max[i] == kNegInf) std::fill(&w.s[i * kBlockK], &w.s[(i + 1) * kBlockK], 0.0f);
     }
-    matmul_acc_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data());
+    const bool exact = !mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK) &&
+                       !all_finite(w.v.data(), cols * d);
+    accumulate_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data(), exact,
+                   [&](int i, int j) { return mask.visible(q0 + i, k0 + j); });
   }
 
-  // O = O / l ; L = m + log(l); a row that saw no key gets O = 0, L = -inf.
+  // O = O / l ; L = m + log(l); a row that saw no key (its max is still -inf)
+  // gets O = 0, L = -inf. A NaN max or sum makes O and L NaN.
   for (int i = 0; i < rows; ++i) {
     const float l = w.row_sum[i];
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    const bool empty = w.row_max[i] == kNegInf;
+    const float inv_l = 1.0f / l;
     const int64_t off = row_offset(b, seq.row_q, q0 + i, h, p.o_batch_stride, p.o_row_stride,
                                    p.o_head_stride, p.is_varlen());
-    for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, w.acc[i * d + c] * inv_l);
+    for (int c = 0; c < d; ++c) {
+      store_from_float(p.out, off + c, p.dtype, empty ? 0.0f : w.acc[i * d + c] * inv_l);
+    }
     if (p.lse != nullptr) {
-      p.lse[lse_offset(p, b, seq.row_q, q0 + i, h)] = l > 0.0f ? w.row_max[i] + std::log(l) : kNegInf;
+      p.lse[lse_offset(p, b, seq.row_q, q0 + i, h)] = empty ? kNegInf : w.row_max[i] + std::log(l);
     }
   }
 }
