@@ -10,13 +10,15 @@
 
 namespace flashattn {
 
+// The ABI's enums are C ints (the C caller stores an int; the C++ compiler
+// may pick an unsigned underlying type), so they are read as int32_t.
 template <typename Enum>
 int64_t enum_code(const Enum& value) {
   static_assert(std::is_enum_v<Enum>, "enum_code reads enums");
-  std::underlying_type_t<Enum> code;
-  static_assert(sizeof code == sizeof value, "an enum is stored as its underlying type");
+  int32_t code;
+  static_assert(sizeof code == sizeof value, "an ABI enum is stored as a 32-bit int");
   std::memcpy(&code, &value, sizeof code);
-  return static_cast<int64_t>(code);
+  return code;
 }
 
 }  // namespace flashattn

@@ -60,8 +60,9 @@ void compute_row_d(const AttentionParams& p, float* row_d) {
 
 // For a (query tile, key tile) pair with Q, dO, K^T, V^T, lse and D loaded:
 // s <- P = exp(S - lse) (0 where masked or the row sees nothing),
-// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T, and exactly
-// 0 at masked pairs (where dP may be NaN from a masked key's V: never used).
+// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T; both P and
+// dS exactly 0 at masked pairs (where exp(-inf - lse) is NaN for a NaN lse and
+// dP is NaN for a masked key's NaN V: neither may leak).
 void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
                         int k0, int cols, BackwardScratch& w) {
   const int d = p.head_dim;
@@ -94,7 +95,7 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0
   if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < kBlockK; ++j)
-      if (j >= cols || !mask.visible(q0 + i, k0 + j)) w.dp[i * kBlockK + j] = 0.0f;
+      if (j >= cols || !mask.visible(q0 + i, k0 + j)) w.s[i * kBlockK + j] = w.dp[i * kBlockK + j] = 0.0f;
 }
 
 // Whether the products of a (query tile, key tile) pair must skip masked
