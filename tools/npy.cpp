@@ -18,9 +18,14 @@ constexpr uint32_t kMaxHeaderBytes = 1 << 16;
 constexpr size_t kMaxDims = 64;
 constexpr size_t kMaxQuoted = 32;  // characters of a file's text echoed in a message
 
-// 'text' for a message, cut short: a hostile header must not become a huge message.
+// 'text' for a one-line message: cut short (a hostile header must not become a
+// huge message) and with control and non-ASCII bytes shown as '?'.
 std::string quote(const std::string& text) {
-  return "'" + (text.size() <= kMaxQuoted ? text : text.substr(0, kMaxQuoted) + "...") + "'";
+  std::string shown = text.substr(0, kMaxQuoted);
+  for (char& c : shown) {
+    if (c < ' ' || c > '~') c = '?';
+  }
+  return "'" + shown + (text.size() > kMaxQuoted ? "...'" : "'");
 }
 
 // A cursor over the header dict, e.g. {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }.

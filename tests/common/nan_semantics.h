@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct NanCase {
   Case c;
   std::vector<Plant> plants;
 };
+
+// gtest prints a case by its name rather than its bytes.
+inline void PrintTo(const NanCase& c, std::ostream* os) { *os << c.name; }
 
 inline void plant(Problem& p, const std::vector<Plant>& plants) {
   for (const Plant& x : plants) {
