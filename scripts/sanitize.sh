@@ -9,7 +9,7 @@
 # (see the timing printed at the end; the CI budget is 90 minutes).
 #
 #   bash scripts/sanitize.sh                 # everything
-#   FUZZ_SECONDS=600 bash scripts/sanitize.sh fuzz   # longer fuzz runs only (docs/testing-hardening.md)
+#   FUZZ_SECONDS=600 bash scripts/sanitize.sh fuzz   # longer fuzz runs only (docs/hardening.md)
 # Steps: asan, tsan, fuzz (default: all three). Build dirs: build-asan, build-tsan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
