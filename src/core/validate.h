@@ -42,9 +42,9 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             AttentionParams* params);
 
 // Shared 64-bit checks (the other entry points reuse them):
-// a non-empty tensor's strides are positive, its last dimension contiguous,
-// its data non-null, and its last byte's offset fits 64 bits without wrapping
-// the address space;
+// a non-empty tensor (ndim >= 1, dtype and shapes already checked) has
+// positive strides, a contiguous last dimension, non-null data, and a last
+// byte whose offset fits 64 bits without wrapping the address space;
 fa_status check_tensor_extent(const fa_tensor& t, const char* name);
 // an output shares no byte with `other` (FA_ERROR_INVALID_ARGUMENT naming both);
 fa_status check_no_overlap(const fa_tensor& output, const char* output_name, const fa_tensor& other,
