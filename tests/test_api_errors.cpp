@@ -5,38 +5,10 @@
 #include <limits>
 #include <string>
 
-#include "common/harness.h"
+#include "common/api_call.h"
 
 namespace flashattn::testing {
 namespace {
-
-struct Call {
-  Problem p;
-  HostTensor out, lse;
-  fa_options o;
-  explicit Call(Case c = base()) : p(make_problem(c)), out(p.poisoned_like_q()), lse(p.poisoned_lse()) {
-    o = p.options;
-    o.backend = FA_BACKEND_CPU;
-  }
-  static Case base() {
-    Case c;
-    c.seqlen_q = 5;
-    c.seqlen_k = 7;
-    c.heads_q = 4;
-    c.heads_kv = 2;
-    c.head_dim = 16;
-    return c;
-  }
-  fa_status forward() {
-    return fa_forward(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, p.varlen_ptr(), &o);
-  }
-};
-
-void expect_error(fa_status got, fa_status want, const std::string& words) {
-  EXPECT_EQ(got, want) << fa_last_error();
-  EXPECT_NE(std::string(fa_last_error()).find(words), std::string::npos)
-      << "message '" << fa_last_error() << "' should mention '" << words << "'";
-}
 
 TEST(ApiErrors, ValidCallSucceeds) {
   Call c;

@@ -13,6 +13,9 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/harness.h"
 #include "npy.h"
@@ -55,7 +58,7 @@ class CliTest : public ::testing::Test {
     for (auto [t, name] : {std::pair{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.dout, "dout"}}) {
       std::vector<int64_t> shape(t->desc.shape, t->desc.shape + 4);
       std::vector<float> values(t->bytes.size() / 4);
-      std::memcpy(values.data(), t->bytes.data(), t->bytes.size());
+      if (!values.empty()) std::memcpy(values.data(), t->bytes.data(), t->bytes.size());
       std::string error;
       ASSERT_TRUE(tools::write_npy_f32(path(std::string(name) + ".npy"), shape, values, &error)) << error;
     }
@@ -120,6 +123,116 @@ TEST_F(CliTest, BadInputsFailWithOneLine) {
     const CliRun r = run_cli(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_NE(r.output.find("error"), std::string::npos) << args << ": " << r.output;
+  }
+}
+
+// A .npy file from a header dict (padded as np.save does) and raw data bytes.
+std::string npy_bytes(const std::string& dict, const std::string& data, int version = 1) {
+  std::string header = dict + "\n";
+  std::string out = std::string("\x93NUMPY") + char(version) + '\0';
+  const uint32_t n = static_cast<uint32_t>(header.size());
+  out += char(n & 0xff);
+  out += char((n >> 8) & 0xff);
+  if (version >= 2) {
+    out += char((n >> 16) & 0xff);
+    out += char(n >> 24);
+  }
+  return out + header + data;
+}
+
+// Hostile or corrupt files (issue 27): each gives false and one line naming
+// the problem, before anything large is allocated; no recursion on long fields.
+TEST(NpyReader, RejectsMalformedFilesWithOneLine) {
+  const std::string f4 = "'descr': '<f4', 'fortran_order': False, ";
+  std::string many_dims = "{" + f4 + "'shape': (";
+  for (int i = 0; i < 15000; ++i) many_dims += "1,";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {npy_bytes("{'descr': '" + std::string(30000, 'x') + "', 'fortran_order': False, 'shape': (2,), }", ""),
+       "not supported"},
+      {npy_bytes(many_dims + "), }", ""), "more than 64 dimensions"},
+      {npy_bytes("{" + f4 + "'shape': (2,), }" + std::string(70000, ' '), "", 2), "exceeds 65536"},
+      {std::string("\x93NUMPY\x02\x00\x00\xff\x00\x00{'descr'", 20), "does not fit"},
+      {std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr'", 20), "exceeds 65536"},
+      {npy_bytes("{" + f4 + "'shape': (1073741824,), }", "1234"), "needs 4294967296 bytes"},
+      {npy_bytes("{" + f4 + "'shape': (99999999999999999999,), }", ""), "overflows"},
+      {npy_bytes("{" + f4 + "'shape': (-5, 2), }", ""), "non-negative integers"},
+      {npy_bytes("{" + f4 + "'shape': (abc,), }", ""), "non-negative integers"},
+      {npy_bytes("{" + f4 + "'shape': (2 3), }", ""), "expected ','"},
+      {npy_bytes("{" + f4 + "'shape': (4294967296, 4294967296, 4294967296), }", ""), "over 2^64"},
+      {npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", "1234"), "not supported"},
+      {npy_bytes("{" + f4 + "'shape': (1,), 'extra': 1}", "1234"), "unknown key"},
+      {npy_bytes("{'a\nb': 1}", ""), "unknown key 'a?b'"},  // found by fuzz_npy: a newline in the message
+      {npy_bytes("{'descr': '<f4', 'shape': (1,), }", "1234"), "lacks 'fortran_order'"},
+      {npy_bytes("{" + f4 + "'shape': (1,), 'shape': (1,)}", "1234"), "appears twice"},
+      {npy_bytes("{" + f4 + "'shape': (2,), }", "1234"), "needs 8 bytes"},
+      {npy_bytes("{" + f4 + "'shape': (1,), } x", "1234"), "after the header"},
+      {std::string("\x93NUMPY\x09\x00", 8), "version 9"},
+      {std::string("\x93NUM", 5), "not a .npy file"},
+  };
+  for (const auto& [bytes, words] : cases) {
+    tools::NpyArray a;
+    std::string error;
+    EXPECT_FALSE(tools::read_npy_memory(bytes.data(), bytes.size(), &a, &error)) << words;
+    EXPECT_NE(error.find(words), std::string::npos) << "'" << error.substr(0, 300) << "' should mention '" << words << "'";
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error.substr(0, 300);
+    EXPECT_LT(error.size(), 300u) << error.substr(0, 300);
+  }
+  tools::NpyArray a;
+  std::string error;
+  // Any key order and spacing; a 30 KB run of spaces parses without recursion.
+  for (const std::string& good :
+       {npy_bytes("{'shape': ( 2 , ),'fortran_order':False,'descr':'<f4'}", std::string(8, '\0')),
+        npy_bytes("{" + f4 + "'shape': (" + std::string(30000, ' ') + "2,), }", std::string(8, '\0'), 2)}) {
+    EXPECT_TRUE(tools::read_npy_memory(good.data(), good.size(), &a, &error)) << error.substr(0, 200);
+    EXPECT_EQ(a.shape, (std::vector<int64_t>{2}));
+  }
+}
+
+TEST_F(CliTest, MalformedFileFailsWithOneLine) {
+  std::ofstream(path("huge.npy"), std::ios::binary)
+      << std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr'", 20);
+  Case c;
+  c.head_dim = 16;
+  write_inputs(make_problem(c));
+  const CliRun r = run_cli("run --backend cpu --q " + path("huge.npy") + " --k " + path("k.npy") +
+                           " --v " + path("v.npy") + " --out " + path("o.npy"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+}
+
+// A full disk (/dev/full) for --out or --lse is a failure, not exit 0.
+TEST_F(CliTest, WriteFailureExitsNonZero) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  Case c;
+  c.head_dim = 16;
+  write_inputs(make_problem(c));
+  const std::string base = "run --backend cpu --q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy");
+  for (const std::string& outputs : {std::string(" --out /dev/full"), " --out " + path("o.npy") + " --lse /dev/full"}) {
+    const CliRun r = run_cli(base + outputs);
+    EXPECT_NE(r.exit_code, 0) << outputs << ": " << r.output;
+    EXPECT_NE(r.output.find("failed writing"), std::string::npos) << r.output;
+  }
+}
+
+// Zero batch and zero-length sequences run end to end.
+TEST_F(CliTest, EmptyArraysRun) {
+  for (auto [batch, sq, sk] : {std::tuple{0, 5, 6}, std::tuple{2, 0, 6}, std::tuple{2, 5, 0}}) {
+    Case c;
+    c.batch = batch;
+    c.seqlen_q = sq;
+    c.seqlen_k = sk;
+    c.head_dim = 16;
+    write_inputs(make_problem(c));
+    const CliRun r = run_cli("run --backend cpu --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+                             path("v.npy") + " --out " + path("o.npy") + " --lse " + path("lse.npy") +
+                             " --backward --dout " + path("dout.npy") + " --dq " + path("dq.npy") +
+                             " --dk " + path("dk.npy") + " --dv " + path("dv.npy"));
+    ASSERT_EQ(r.exit_code, 0) << batch << " " << sq << " " << sk << ": " << r.output;
+    tools::NpyArray o;
+    std::string error;
+    ASSERT_TRUE(tools::read_npy(path("o.npy"), &o, &error)) << error;
+    EXPECT_EQ(o.shape, (std::vector<int64_t>{batch, sq, 1, 16}));
   }
 }
 

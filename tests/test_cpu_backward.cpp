@@ -27,15 +27,7 @@ TEST_P(CpuBackward, MatchesFloat64Reference) {
                         &dq.desc, &dk.desc, &dv.desc, p.varlen_ptr(), &o, workspace.data(), bytes),
             FA_OK)
       << fa_last_error();
-  const Expected e = expected_all(p);
-  const double atol = default_atol(p.c.dtype);
-  for (auto [got, exact, naive, name] :
-       {std::tuple{&dq, &e.exact_grad.dq, &e.naive_grad.dq, "dq"},
-        std::tuple{&dk, &e.exact_grad.dk, &e.naive_grad.dk, "dk"},
-        std::tuple{&dv, &e.exact_grad.dv, &e.naive_grad.dv, "dv"}}) {
-    const Comparison c = compare_rows(*got, *exact, *naive, atol);
-    EXPECT_TRUE(c.ok) << c.describe(name);
-  }
+  expect_gradients_match(p, dq, dk, dv);
 }
 
 TEST(CpuBackwardDeterminism, BitwiseIdenticalAcrossRuns) {

@@ -54,7 +54,9 @@ Buffer::~Buffer() {
   }
 }
 
+// An empty buffer copies nothing (its host side may be a null pointer).
 void Buffer::upload(const void* host) {
+  if (bytes_ == 0) return;
   if (backend_ == FA_BACKEND_CUDA) {
 #ifdef FLASHATTN_WITH_CUDA
     check(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -65,6 +67,7 @@ void Buffer::upload(const void* host) {
 }
 
 void Buffer::download(void* host) const {
+  if (bytes_ == 0) return;
   if (backend_ == FA_BACKEND_CUDA) {
 #ifdef FLASHATTN_WITH_CUDA
     check(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy");

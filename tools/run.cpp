@@ -27,11 +27,16 @@ struct DeviceArray {
   fa_tensor desc{};
 };
 
+// NOTES: head_dim > 0 keeps every buffer sized from a shape (out, lse) within
+// the file's data: an empty array then has batch, seqlen or heads 0.
 std::vector<int64_t> as_4d(const NpyArray& a, const std::string& name) {
+  if (a.shape.size() != 3 && a.shape.size() != 4) {
+    throw CliError(name + " must have 3 or 4 dimensions (seqlen, heads, head_dim), got " +
+                   std::to_string(a.shape.size()));
+  }
+  if (a.shape.back() == 0) throw CliError(name + " has head_dim 0");
   if (a.shape.size() == 4) return a.shape;
-  if (a.shape.size() == 3) return {1, a.shape[0], a.shape[1], a.shape[2]};
-  throw CliError(name + " must have 3 or 4 dimensions (seqlen, heads, head_dim), got " +
-                 std::to_string(a.shape.size()));
+  return {1, a.shape[0], a.shape[1], a.shape[2]};
 }
 
 fa_tensor describe(void* data, fa_dtype dtype, fa_backend backend, const std::vector<int64_t>& shape) {

@@ -7,11 +7,39 @@
  * k/v (batch, seqlen_k, heads_kv, head_dim). For variable-length batches the
  * batch dimension is dropped, q is (total_q, heads_q, head_dim) and
  * fa_varlen gives the cumulative sequence lengths. Strides are in elements;
- * only the last dimension must be contiguous.
+ * only the last dimension must be contiguous. A tensor with a zero dimension
+ * is never touched: any strides and pointer are accepted (zero batch, empty
+ * sequences).
+ *
+ * Memory: outputs (out, lse; dq, dk, dv; the backward workspace) must not
+ * share a byte with an input or with each other (FA_ERROR_INVALID_ARGUMENT
+ * names the pair); inputs may overlap each other (packed qkv views). Every
+ * extent is checked in bytes, in 64-bit arithmetic, before memory is touched.
  *
  * The logsumexp is f32, natural log, (batch, heads_q, seqlen_q), or
  * (heads_q, total_q) for variable-length batches. A query row that sees no key
  * gets output 0 and lse = -inf.
+ *
+ * NaN and Inf (docs/semantics.md): a key is visible to a query row when the
+ * mask (causal, window) lets the row see it; the row's results are computed
+ * from its visible keys only, in IEEE arithmetic.
+ *   - A NaN in a visible input reaches exactly the results that depend on it:
+ *     q row i or a key k_j visible to i -> out row i, lse_i and (backward) the
+ *     gradients that row feeds; v_j[c] -> out[i][c] of every row i seeing j
+ *     (even where its weight rounds to 0: 0 x NaN = NaN), and the gradients
+ *     through those outputs. Inf follows IEEE (+inf scores give NaN rows).
+ *   - Masked keys never contribute, whatever they hold (NaN, Inf): results
+ *     equal those of any finite values there.
+ *   - A row that sees no key (or whose every visible score is -inf) gets out
+ *     0, lse -inf and zero gradients.
+ *
+ * Limits (FA_ERROR_INVALID_ARGUMENT beyond them) keep every backend's 32-bit
+ * index arithmetic provably in range: seqlen_q, seqlen_k (max_seqlen_q/k for
+ * variable-length batches) <= FA_MAX_SEQLEN; batch x heads x
+ * ceil(seqlen / FA_MIN_TILE_ROWS) <= INT32_MAX for q (heads_q) and for k
+ * (heads_kv); heads and batch fit int32. Window sizes at least as wide as the
+ * range they could cut (left >= seqlen_k, right >= seqlen_q) mean unbounded and
+ * are treated as -1.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -35,6 +63,9 @@ extern "C" {
 #define FA_VERSION_MINOR 1
 #define FA_VERSION_PATCH 0
 #define FA_MAX_DIMS 4
+#define FA_MAX_SEQLEN (1 << 29)
+#define FA_MIN_TILE_ROWS 16      /* the smallest row tile of any kernel */
+#define FA_WORKSPACE_ALIGNMENT 16 /* bytes; fa_backward rejects a misaligned workspace */
 
 /* What every function returns; fa_status_string() names it. */
 typedef enum fa_status {
@@ -93,7 +124,7 @@ typedef struct fa_options {
   fa_backend backend;
   void* stream;          /* cudaStream_t for the CUDA backend; NULL = default stream */
   int32_t num_threads;   /* CPU backend; 0 = all hardware threads */
-  int32_t reserved[7];   /* zero; room to grow without breaking the ABI */
+  int32_t reserved[7];   /* must be zero (checked); room to grow without breaking the ABI */
 } fa_options;
 
 /* Defaults: scale 1/sqrt(d), no mask, window (-1,-1), auto backend. */
@@ -139,8 +170,8 @@ FA_API fa_status fa_backward_workspace_size(const fa_tensor* q, const fa_tensor*
 
 /* Gradients by recomputation from lse (the forward's logsumexp). workspace may
  * be NULL, in which case the library allocates (and frees) what it needs; pass
- * a buffer of fa_backward_workspace_size() bytes to keep allocations off the
- * hot path. */
+ * a buffer of fa_backward_workspace_size() bytes, FA_WORKSPACE_ALIGNMENT-byte
+ * aligned and on the tensors' device, to keep allocations off the hot path. */
 FA_API fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                              const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
                              fa_tensor* dq, fa_tensor* dk, fa_tensor* dv,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import numbers
+import operator
 import os
 import sys
 import threading
@@ -585,6 +586,22 @@ def _resolve_stream(stream, q: _Desc):
     return int(handle) or None
 
 
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def _int32(value, name: str) -> int:
+    """value as an int for an int32 field of the C ABI; ctypes would silently keep the low
+    32 bits (a window of 2**32 would become 0), so values outside int32 are an error."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}") from None
+    if not _INT32_MIN <= n <= _INT32_MAX:
+        raise InvalidArgumentError(f"{name} = {n} does not fit in int32 "
+                                   f"[{_INT32_MIN}, {_INT32_MAX}]")
+    return n
+
+
 _default_options: Optional[FaOptions] = None
 
 
@@ -608,13 +625,13 @@ def _options(*, softmax_scale, causal, window_size, softcap, deterministic, back
         left, right = window_size
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"window_size must be a pair (left, right), got {window_size!r}") from None
-    o.window_left = int(left)
-    o.window_right = int(right)
+    o.window_left = _int32(left, "window_size[0]")
+    o.window_right = _int32(right, "window_size[1]")
     o.softcap = float(softcap or 0.0)
     o.deterministic = 1 if deterministic else 0
     o.backend = _backend_code(backend)
     o.stream = stream
-    o.num_threads = int(num_threads)
+    o.num_threads = _int32(num_threads, "num_threads")
     return o
 
 
@@ -644,8 +661,8 @@ class _Call:
             vl.cu_seqlens_q = pq or None
             vl.cu_seqlens_k = pk or None
             vl.batch = bq
-            vl.max_seqlen_q = int(max_seqlen_q)
-            vl.max_seqlen_k = int(max_seqlen_k)
+            vl.max_seqlen_q = _int32(max_seqlen_q, "max_seqlen_q")
+            vl.max_seqlen_k = _int32(max_seqlen_k, "max_seqlen_k")
             self.varlen = vl
         self.options = _options(softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap,

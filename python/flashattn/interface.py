@@ -60,7 +60,7 @@ def _window(window_size):
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
-    return int(left), int(right)
+    return _capi._int32(left, "window_size[0]"), _capi._int32(right, "window_size[1]")
 
 
 def _scale(softmax_scale, head_dim):
@@ -150,8 +150,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if _is_torch(q):
         head_dim = q.shape[-1]
         out, lse = _torch_ops.varlen_attention(_pad_torch(q), _pad_torch(k), _pad_torch(v),
-                                         cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                         int(max_seqlen_k), scale, bool(causal), window[0],
+                                         cu_seqlens_q, cu_seqlens_k,
+                                         _capi._int32(max_seqlen_q, "max_seqlen_q"),
+                                         _capi._int32(max_seqlen_k, "max_seqlen_k"), scale,
+                                         bool(causal), window[0],
                                          window[1], float(softcap), bool(deterministic))
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]

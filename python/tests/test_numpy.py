@@ -347,3 +347,69 @@ def test_num_threads_does_not_change_results(rng):
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="num_threads must be >= 0"):
         _capi.forward(q, k, v, np.empty_like(q), num_threads=-1)
+
+
+# ----------------------------------------------------------------------------
+# Hardening (issue 27)
+
+
+def test_python_ints_beyond_int32_are_rejected_not_truncated(rng):
+    q, k, v = make_qkv(rng, 1, 4, 4, 1, 1, 32)
+    for window in [(2 ** 32, -1), (-1, 2 ** 32 + 7), (-(2 ** 31) - 1, 0)]:
+        with pytest.raises(ValueError, match="does not fit in int32"):
+            _fwd(q, k, v, window_size=window)
+    with pytest.raises(ValueError, match="num_threads = 4294967297 does not fit in int32"):
+        _fwd(q, k, v, num_threads=2 ** 32 + 1)
+    qv = randn(rng, 7, 1, 32)
+    cu = np.array([0, 7], np.int32)
+    with pytest.raises(ValueError, match="max_seqlen_q = 4294967303 does not fit"):
+        _capi.forward(qv, qv, qv, np.empty_like(qv), cu_seqlens_q=cu, cu_seqlens_k=cu,
+                      max_seqlen_q=2 ** 32 + 7, max_seqlen_k=7)
+    with pytest.raises(ValueError, match="must be an integer"):
+        _fwd(q, k, v, window_size=(2.5, -1))
+    with pytest.raises(ValueError, match="does not fit in int32"):
+        flashattn.flash_attn_func(q, k, v, window_size=(2 ** 32, 0))
+
+
+def test_huge_windows_mean_unbounded(rng):
+    q, k, v = make_qkv(rng, 1, 9, 13, 2, 2, 32)
+    plain, huge = np.empty_like(q), np.empty_like(q)
+    _capi.forward(q, k, v, plain)
+    _capi.forward(q, k, v, huge, window_size=(2 ** 31 - 1, 2 ** 31 - 1))
+    np.testing.assert_array_equal(plain, huge)
+
+
+@pytest.mark.parametrize("b,sq,sk", [(0, 5, 7), (2, 0, 7), (2, 5, 0)])
+def test_empty_arrays_forward_and_backward(rng, b, sq, sk):
+    q, k, v = make_qkv(rng, b, sq, sk, 2, 2, 32)
+    out, lse = np.full_like(q, np.nan), np.full((b, 2, sq), np.nan, np.float32)
+    _capi.forward(q, k, v, out, lse)
+    dout = randn(rng, *q.shape)
+    dq, dk, dv = np.full_like(q, np.nan), np.full_like(k, np.nan), np.full_like(v, np.nan)
+    _capi.backward(q, k, v, out, dout, lse, dq, dk, dv)
+    assert not np.isnan(out).any() and not np.isnan(dk).any() and not np.isnan(dv).any()
+    assert (out == 0).all() and np.isneginf(lse).all()
+
+
+def test_overlapping_outputs_are_rejected(rng):
+    q, k, v = make_qkv(rng, 1, 6, 6, 2, 2, 32)
+    with pytest.raises(ValueError, match="out overlaps q"):
+        _capi.forward(q, k, v, q)
+    out, lse = np.empty_like(q), np.empty((1, 2, 6), np.float32)
+    _capi.forward(q, k, v, out, lse)
+    dq, dk = np.empty_like(q), np.empty_like(k)
+    with pytest.raises(ValueError, match="dk overlaps dv"):
+        _capi.backward(q, k, v, out, randn(rng, *q.shape), lse, dq, dk, dk)
+
+
+def test_nan_at_masked_keys_never_leaks(rng):
+    # Causal, more keys than queries: key j is masked for rows i < j - (sk - sq).
+    q, k, v = make_qkv(rng, 1, 70, 100, 1, 1, 32)
+    clean = np.empty_like(q)
+    _capi.forward(q, k, v, clean, causal=True)
+    k[0, 99, 0, 3] = np.nan
+    v[0, 99, 0, 5] = np.inf  # seen only by the last row
+    out = np.empty_like(q)
+    _capi.forward(q, k, v, out, causal=True)
+    np.testing.assert_allclose(out[0, :69], clean[0, :69], rtol=1e-5, atol=1e-6)
+    assert np.isnan(out[0, 69]).all()

@@ -144,6 +144,21 @@ def test_rows_without_keys(gen):
     assert torch.all(q.grad[:, :8] == 0) and torch.isfinite(q.grad).all()
 
 
+@pytest.mark.parametrize("b,sq,sk", [(0, 6, 6), (2, 0, 6), (2, 6, 0)])
+def test_empty_batch_and_sequences_forward_backward(gen, b, sq, sk):
+    q, k, v = leaf(b, sq, 2, 32, gen=gen), leaf(b, sk, 2, 32, gen=gen), leaf(b, sk, 2, 32, gen=gen)
+    out = flash_attn_func(q, k, v, causal=True)
+    assert out.shape == q.shape and torch.all(out == 0)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_window_beyond_int32_is_an_error(gen):
+    q = leaf(1, 4, 2, 32, gen=gen)
+    with pytest.raises(ValueError, match="does not fit in int32"):
+        flash_attn_func(q, q, q, window_size=(2 ** 32, 0))
+
+
 def _varlen_inputs(gen, lens_q, lens_k, hq=4, hkv=2, d=64, dtype=torch.float32):
     cu_q = torch.tensor([0] + lens_q).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)

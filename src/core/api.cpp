@@ -4,6 +4,7 @@
 #include <new>
 #include <string>
 
+#include "core/abi_enum.h"
 #include "core/backends.h"
 #include "core/build_info.h"
 #include "core/error.h"
@@ -85,7 +86,7 @@ fa_options fa_default_options(void) {
 const char* fa_last_error(void) { return last_error(); }
 
 const char* fa_status_string(fa_status status) {
-  switch (status) {
+  switch (enum_code(status)) {
     case FA_OK: return "ok";
     case FA_ERROR_INVALID_ARGUMENT: return "invalid argument";
     case FA_ERROR_UNSUPPORTED: return "unsupported";
@@ -98,7 +99,7 @@ const char* fa_status_string(fa_status status) {
 }
 
 const char* fa_dtype_name(fa_dtype dtype) {
-  switch (dtype) {
+  switch (enum_code(dtype)) {
     case FA_F32: return "f32";
     case FA_F16: return "f16";
     case FA_BF16: return "bf16";
@@ -112,7 +113,7 @@ const char* fa_build_cuda_architectures(void) { return flashattn::kBuildCudaArch
 
 int fa_backend_available(fa_backend backend) {
   const char* why = "";
-  switch (backend) {
+  switch (enum_code(backend)) {
     case FA_BACKEND_AUTO:
     case FA_BACKEND_CPU: return cpu_available(&why) ? 1 : 0;
     case FA_BACKEND_CUDA: return cuda::available(&why) ? 1 : 0;
@@ -122,7 +123,7 @@ int fa_backend_available(fa_backend backend) {
 
 const char* fa_backend_unavailable_reason(fa_backend backend) {
   const char* why = "unknown backend";
-  switch (backend) {
+  switch (enum_code(backend)) {
     case FA_BACKEND_AUTO:
     case FA_BACKEND_CPU: cpu_available(&why); break;
     case FA_BACKEND_CUDA: cuda::available(&why); break;
@@ -167,6 +168,8 @@ fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v
     AttentionParams p;
     FA_RETURN_IF_ERROR(
         make_backward_params({q, k, v, out, dout, lse, dq, dk, dv, varlen, options}, &p));
+    FA_RETURN_IF_ERROR(check_workspace({q, k, v, out, dout, lse, dq, dk, dv, varlen, options},
+                                       workspace, workspace_bytes));
     const bool use_cuda = resolve_backend(*options, *q) == FA_BACKEND_CUDA;
     const size_t needed = use_cuda ? cuda::backward_workspace_size(p) : cpu::backward_workspace_size(p);
     if (workspace != nullptr && workspace_bytes < needed) {

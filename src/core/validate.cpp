@@ -8,8 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/abi_enum.h"
 #include "core/backends.h"
 #include "core/error.h"
+#include "core/overlap.h"
 
 namespace flashattn {
 namespace {
@@ -27,19 +29,6 @@ std::string device_string(const fa_tensor& t) {
   return t.device == FA_DEVICE_CPU ? std::string("cpu") : "cuda:" + std::to_string(t.device_index);
 }
 
-// Every element offset sum_i (shape_i - 1) * stride_i must fit in int64, so
-// kernels can index with 64-bit arithmetic without overflow.
-bool offsets_fit(const fa_tensor& t) {
-  int64_t max_offset = 0;
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] == 0) return true;
-    int64_t term = 0;
-    if (__builtin_mul_overflow(t.shape[i] - 1, t.strides[i], &term)) return false;
-    if (__builtin_add_overflow(max_offset, term, &max_offset)) return false;
-  }
-  return true;
-}
-
 fa_status check_tensor(const fa_tensor* t, const char* name, int ndim) {
   if (t == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " is a null pointer");
   if (t->ndim != ndim) {
@@ -47,12 +36,14 @@ fa_status check_tensor(const fa_tensor* t, const char* name, int ndim) {
                                                std::to_string(ndim) + " dimensions, got " +
                                                std::to_string(t->ndim));
   }
-  if (t->dtype != FA_F32 && t->dtype != FA_F16 && t->dtype != FA_BF16) {
-    return fail(FA_ERROR_UNSUPPORTED, std::string(name) + " has unsupported dtype code " +
-                                          std::to_string(static_cast<int>(t->dtype)));
+  const int64_t dtype = enum_code(t->dtype), device = enum_code(t->device);
+  if (dtype != FA_F32 && dtype != FA_F16 && dtype != FA_BF16) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                std::string(name) + " has unsupported dtype code " + std::to_string(dtype));
   }
-  if (t->device != FA_DEVICE_CPU && t->device != FA_DEVICE_CUDA) {
-    return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " has an unknown device type");
+  if (device != FA_DEVICE_CPU && device != FA_DEVICE_CUDA) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                std::string(name) + " has unknown device type code " + std::to_string(device));
   }
   int64_t elements = 1;
   for (int i = 0; i < ndim; ++i) {
@@ -60,30 +51,53 @@ fa_status check_tensor(const fa_tensor* t, const char* name, int ndim) {
       return fail(FA_ERROR_INVALID_ARGUMENT,
                   std::string(name) + " has a negative dimension " + shape_string(*t));
     }
-    if (t->shape[i] > 1 && t->strides[i] < 1) {
-      return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " has stride " +
-                                                 std::to_string(t->strides[i]) + " in dimension " +
-                                                 std::to_string(i) + "; strides must be positive");
-    }
     if (__builtin_mul_overflow(elements, t->shape[i], &elements)) {
       return fail(FA_ERROR_INVALID_ARGUMENT,
                   std::string(name) + " has more elements than 64-bit indexing allows");
     }
   }
-  if (t->shape[ndim - 1] > 1 && t->strides[ndim - 1] != 1) {
+  // An empty tensor is never read or written: any strides and pointer will do.
+  if (tensor_is_empty(*t)) return FA_OK;
+  return check_tensor_extent(*t, name);
+}
+
+}  // namespace
+
+fa_status check_tensor_extent(const fa_tensor& t, const char* name) {
+  const int ndim = t.ndim;
+  for (int i = 0; i < ndim; ++i) {
+    if (t.shape[i] > 1 && t.strides[i] < 1) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " has stride " +
+                                                 std::to_string(t.strides[i]) + " in dimension " +
+                                                 std::to_string(i) + "; strides must be positive");
+    }
+  }
+  if (t.shape[ndim - 1] > 1 && t.strides[ndim - 1] != 1) {
     return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) +
                                                " must be contiguous in its last dimension (stride " +
-                                               std::to_string(t->strides[ndim - 1]) + ", expected 1)");
+                                               std::to_string(t.strides[ndim - 1]) + ", expected 1)");
   }
-  if (!offsets_fit(*t)) {
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                std::string(name) + " has strides whose offsets overflow 64-bit indexing");
-  }
-  if (elements > 0 && t->data == nullptr) {
+  if (t.data == nullptr) {
     return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " has a null data pointer");
+  }
+  ByteSpan span;
+  if (!tensor_byte_span(t, &span)) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                std::string(name) + " " + shape_string(t) +
+                    " has strides whose byte offsets overflow 64-bit indexing or wrap the address space");
   }
   return FA_OK;
 }
+
+fa_status check_no_overlap(const fa_tensor& output, const char* output_name, const fa_tensor& other,
+                           const char* other_name) {
+  if (!tensors_may_overlap(output, other)) return FA_OK;
+  return fail(FA_ERROR_INVALID_ARGUMENT, std::string(output_name) + " overlaps " + other_name +
+                                             " in memory; outputs must not share memory with "
+                                             "inputs or with each other");
+}
+
+namespace {
 
 fa_status check_same_shape(const fa_tensor& a, const char* a_name, const fa_tensor& b,
                            const char* b_name) {
@@ -129,30 +143,41 @@ fa_status check_options(const fa_options& o) {
   if (!std::isfinite(o.softcap) || o.softcap < 0) {
     return fail(FA_ERROR_INVALID_ARGUMENT, "softcap must be finite and >= 0 (0 = off)");
   }
-  if (o.backend != FA_BACKEND_AUTO && o.backend != FA_BACKEND_CPU && o.backend != FA_BACKEND_CUDA) {
-    return fail(FA_ERROR_INVALID_ARGUMENT, "unknown backend code " + std::to_string(o.backend));
+  const int64_t backend = enum_code(o.backend);
+  if (backend != FA_BACKEND_AUTO && backend != FA_BACKEND_CPU && backend != FA_BACKEND_CUDA) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "unknown backend code " + std::to_string(backend));
   }
   if (o.num_threads < 0) return fail(FA_ERROR_INVALID_ARGUMENT, "num_threads must be >= 0");
+  for (size_t i = 0; i < sizeof o.reserved / sizeof o.reserved[0]; ++i) {
+    if (o.reserved[i] != 0) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, "options.reserved[" + std::to_string(i) +
+                                                 "] must be 0 (start from fa_default_options())");
+    }
+  }
   return FA_OK;
 }
 
-// Reads cu_seqlens (copying from the device when needed) and checks them.
+// Reads cu_seqlens (copying from the device when needed) and checks them in
+// 64-bit arithmetic: cu[0] = 0, non-decreasing, cu[batch] = total, every
+// length <= max_seqlen. Then every offset cu[b] + i (i < length) is a row of
+// the tensor, and every length fits the kernels' int.
 fa_status check_cu_seqlens(const int32_t* cu, const char* name, int batch, int64_t total,
                            int max_seqlen, const fa_tensor& q) {
   if (cu == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " is a null pointer");
-  std::vector<int32_t> host(static_cast<size_t>(batch) + 1);
+  std::vector<int32_t> copy;
+  const int32_t* host = cu;
   if (q.device == FA_DEVICE_CUDA) {
-    FA_RETURN_IF_ERROR(cuda::copy_to_host(host.data(), cu, host.size() * sizeof(int32_t),
+    copy.resize(static_cast<size_t>(batch) + 1);
+    FA_RETURN_IF_ERROR(cuda::copy_to_host(copy.data(), cu, copy.size() * sizeof(int32_t),
                                           q.device_index));
-  } else {
-    for (size_t i = 0; i < host.size(); ++i) host[i] = cu[i];
+    host = copy.data();
   }
   if (host[0] != 0) {
     return fail(FA_ERROR_INVALID_ARGUMENT,
                 std::string(name) + "[0] must be 0, got " + std::to_string(host[0]));
   }
   for (int b = 0; b < batch; ++b) {
-    int32_t len = host[b + 1] - host[b];
+    const int64_t len = int64_t{host[b + 1]} - int64_t{host[b]};
     if (len < 0) {
       return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " must be non-decreasing: [" +
                                                  std::to_string(b) + "]=" + std::to_string(host[b]) +
@@ -174,6 +199,43 @@ fa_status check_cu_seqlens(const int32_t* cu, const char* name, int batch, int64
   }
   return FA_OK;
 }
+
+// NOTES: the limits of flashattn.h, which keep the kernels' int arithmetic in
+// range: sequences of at most FA_MAX_SEQLEN = 2^29 rows keep row + key offset +
+// window sums (each term normalised below 2^29) below 2^31 with room for tile
+// padding, and at most
+// INT32_MAX (sequence, head, FA_MIN_TILE_ROWS-row tile) triples make every
+// tile count and tile index an int.
+fa_status check_sizes(const AttentionParams& p) {
+  if (p.seqlen_q > FA_MAX_SEQLEN || p.seqlen_k > FA_MAX_SEQLEN) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                std::string(p.is_varlen() ? "max_seqlen_q/k" : "seqlen_q/k") + " (" +
+                    std::to_string(p.seqlen_q) + ", " + std::to_string(p.seqlen_k) +
+                    ") exceed FA_MAX_SEQLEN = " + std::to_string(FA_MAX_SEQLEN));
+  }
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  const auto tiles_fit = [&](int heads, int seqlen) {
+    const int64_t per_sequence = (int64_t{seqlen} + FA_MIN_TILE_ROWS - 1) / FA_MIN_TILE_ROWS;
+    int64_t tiles = 0;
+    return !__builtin_mul_overflow(int64_t{p.batch} * heads, per_sequence, &tiles) && tiles <= kIntMax;
+  };
+  if (!tiles_fit(p.heads_q, p.seqlen_q) || !tiles_fit(p.heads_kv, p.seqlen_k)) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "batch x heads x ceil(seqlen / " + std::to_string(FA_MIN_TILE_ROWS) +
+                    ") exceeds INT32_MAX tiles (batch " + std::to_string(p.batch) + ", heads " +
+                    std::to_string(p.heads_q) + "/" + std::to_string(p.heads_kv) + ", seqlen " +
+                    std::to_string(p.seqlen_q) + "/" + std::to_string(p.seqlen_k) + ")");
+  }
+  return FA_OK;
+}
+
+// A window at least as wide as the range it could cut away cuts nothing: row
+// i sees keys from i + (seqlen_k - seqlen_q) - left, which is <= 0 for every
+// row once left >= seqlen_k, up to i + (seqlen_k - seqlen_q) + right, which is
+// >= seqlen_k - 1 for every row once right >= seqlen_q. Such windows become -1,
+// so the mask's sums stay below 2^31 (check_sizes). With varlen the maxima
+// bound every sequence.
+int normalised_window(int window, int range) { return window >= range ? -1 : window; }
 
 void set_strides(const fa_tensor& t, bool varlen, int64_t* batch, int64_t* row, int64_t* head) {
   if (varlen) {
@@ -250,12 +312,15 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
   if (heads_q <= 0 || heads_kv <= 0) {
     return fail(FA_ERROR_INVALID_ARGUMENT, "number of heads must be positive");
   }
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  if (heads_q > kIntMax) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "heads_q " + std::to_string(heads_q) + " exceeds INT32_MAX");
+  }
   if (heads_q % heads_kv != 0) {
     return fail(FA_ERROR_INVALID_ARGUMENT, "heads_q (" + std::to_string(heads_q) +
                                                ") must be a multiple of heads_kv (" +
                                                std::to_string(heads_kv) + ")");
   }
-  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
   *p = AttentionParams{};
   p->dtype = q->dtype;
   p->device = q->device;
@@ -278,6 +343,7 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
     p->seqlen_k = varlen->max_seqlen_k;
     p->total_q = q->shape[0];
     p->total_k = k->shape[0];
+    FA_RETURN_IF_ERROR(check_sizes(*p));
     FA_RETURN_IF_ERROR(check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", p->batch,
                                         p->total_q, p->seqlen_q, *q));
     FA_RETURN_IF_ERROR(check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", p->batch,
@@ -297,6 +363,7 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
     p->seqlen_k = static_cast<int>(k->shape[1]);
     p->total_q = q->shape[0] * q->shape[1];
     p->total_k = k->shape[0] * k->shape[1];
+    FA_RETURN_IF_ERROR(check_sizes(*p));
   }
   set_strides(*q, is_varlen, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride);
   set_strides(*k, is_varlen, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride);
@@ -309,9 +376,9 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
                                         : 1.0f / std::sqrt(static_cast<float>(head_dim));
   p->softcap = options->softcap;
   p->causal = options->causal != 0;
-  p->window_left = options->window_left;
+  p->window_left = normalised_window(options->window_left, p->seqlen_k);
   // flash-attn semantics: causal is a right window of 0 (overriding any other).
-  p->window_right = p->causal ? 0 : options->window_right;
+  p->window_right = p->causal ? 0 : normalised_window(options->window_right, p->seqlen_q);
   p->deterministic = options->deterministic != 0;
   p->stream = options->stream;
   p->num_threads = options->num_threads;
@@ -356,6 +423,30 @@ fa_status check_lse(const fa_tensor* lse, const AttentionParams& p, const fa_ten
   return FA_OK;
 }
 
+struct NamedTensor {
+  const fa_tensor* tensor;  // null: absent (an optional lse)
+  const char* name;
+};
+
+// Outputs may share no byte with an input (a kernel reads inputs while other
+// threads or CTAs write outputs) nor with each other (two writers race).
+// Inputs may overlap each other freely (packed qkv).
+fa_status check_outputs_disjoint(std::initializer_list<NamedTensor> outputs,
+                                 std::initializer_list<NamedTensor> inputs) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    if (out->tensor == nullptr) continue;
+    for (const NamedTensor& in : inputs) {
+      if (in.tensor == nullptr) continue;
+      FA_RETURN_IF_ERROR(check_no_overlap(*out->tensor, out->name, *in.tensor, in.name));
+    }
+    for (auto other = out + 1; other != outputs.end(); ++other) {
+      if (other->tensor == nullptr) continue;
+      FA_RETURN_IF_ERROR(check_no_overlap(*out->tensor, out->name, *other->tensor, other->name));
+    }
+  }
+  return FA_OK;
+}
+
 fa_status check_like(const fa_tensor* t, const char* name, const fa_tensor& like,
                      const char* like_name) {
   FA_RETURN_IF_ERROR(check_tensor(t, name, like.ndim));
@@ -372,7 +463,8 @@ fa_status make_forward_params(const ForwardArgs& a, AttentionParams* p) {
   set_strides(*a.out, p->is_varlen(), &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
   p->out = a.out->data;
   if (a.lse != nullptr) FA_RETURN_IF_ERROR(check_lse(a.lse, *p, *a.q, p));
-  return FA_OK;
+  return check_outputs_disjoint({{a.out, "out"}, {a.lse, "lse"}},
+                                {{a.q, "q"}, {a.k, "k"}, {a.v, "v"}});
 }
 
 fa_status make_backward_params(const BackwardArgs& a, AttentionParams* p) {
@@ -385,6 +477,9 @@ fa_status make_backward_params(const BackwardArgs& a, AttentionParams* p) {
   FA_RETURN_IF_ERROR(check_like(a.dv, "dv", *a.v, "v"));
   if (a.lse == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "lse is a null pointer");
   FA_RETURN_IF_ERROR(check_lse(a.lse, *p, *a.q, p));
+  FA_RETURN_IF_ERROR(check_outputs_disjoint(
+      {{a.dq, "dq"}, {a.dk, "dk"}, {a.dv, "dv"}},
+      {{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.out, "out"}, {a.dout, "dout"}, {a.lse, "lse"}}));
   set_strides(*a.out, vl, &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
   set_strides(*a.dout, vl, &p->do_batch_stride, &p->do_row_stride, &p->do_head_stride);
   set_strides(*a.dq, vl, &p->dq_batch_stride, &p->dq_row_stride, &p->dq_head_stride);
@@ -397,6 +492,32 @@ fa_status make_backward_params(const BackwardArgs& a, AttentionParams* p) {
   p->dv = a.dv->data;
   return FA_OK;
 }
+
+fa_status check_workspace(const BackwardArgs& a, const void* workspace, size_t bytes) {
+  if (workspace == nullptr || bytes == 0) return FA_OK;
+  if (reinterpret_cast<uintptr_t>(workspace) % FA_WORKSPACE_ALIGNMENT != 0) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "workspace must be " +
+                                               std::to_string(FA_WORKSPACE_ALIGNMENT) +
+                                               "-byte aligned");
+  }
+  const uint64_t begin = reinterpret_cast<uintptr_t>(workspace);
+  uint64_t end = 0;
+  if (__builtin_add_overflow(begin, uint64_t{bytes}, &end)) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "workspace + workspace_bytes wraps the address space");
+  }
+  for (const NamedTensor& t : {NamedTensor{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.out, "out"},
+                               {a.dout, "dout"}, {a.lse, "lse"}, {a.dq, "dq"}, {a.dk, "dk"},
+                               {a.dv, "dv"}}) {
+    ByteSpan span;
+    if (tensor_is_empty(*t.tensor) || !tensor_byte_span(*t.tensor, &span)) continue;
+    if (span.intersects({begin, end})) {
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  std::string("workspace overlaps ") + t.name + " in memory");
+    }
+  }
+  return FA_OK;
+}
+
 
 // ---- KV cache (fa_forward_kvcache) ----
 

@@ -1,6 +1,8 @@
 // Turns C API arguments into validated AttentionParams, or a clear error.
 #pragma once
 
+#include <cstddef>
+
 #include "core/kvcache.h"
 #include "core/params.h"
 
@@ -53,5 +55,16 @@ fa_status make_kvcache_params(const KvCacheArgs& args, KvCacheParams* params);
 // Reads the index arrays (cache_seqlens, cache_batch_idx, block_table; copied
 // from the device when they live there) and checks every one a call would use.
 fa_status check_kvcache_indices(const KvCacheParams& params);
+
+// Shared 64-bit checks (the other entry points reuse them):
+// a non-empty tensor (ndim >= 1, dtype and shapes already checked) has
+// positive strides, a contiguous last dimension, non-null data, and a last
+// byte whose offset fits 64 bits without wrapping the address space;
+fa_status check_tensor_extent(const fa_tensor& t, const char* name);
+// an output shares no byte with `other` (FA_ERROR_INVALID_ARGUMENT naming both);
+fa_status check_no_overlap(const fa_tensor& output, const char* output_name, const fa_tensor& other,
+                           const char* other_name);
+// a caller's backward workspace is FA_WORKSPACE_ALIGNMENT-aligned and overlaps no tensor.
+fa_status check_workspace(const BackwardArgs& args, const void* workspace, size_t bytes);
 
 }  // namespace flashattn

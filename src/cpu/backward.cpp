@@ -21,6 +21,7 @@ namespace {
 
 struct BackwardScratch {
   std::vector<float> q, dout, kt, vt, k, s, dp, pt, dst, grad, grad2, lse, row_d;
+  bool has_empty_row = false;  // some loaded query row has lse = -inf (sees no key)
   explicit BackwardScratch(int d)
       : q(kBlockQ * d), dout(kBlockQ * d), kt(d * kBlockK), vt(d * kBlockK), k(kBlockK * d),
         s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), pt(kBlockK * kBlockQ), dst(kBlockK * kBlockQ),
@@ -59,7 +60,9 @@ void compute_row_d(const AttentionParams& p, float* row_d) {
 
 // For a (query tile, key tile) pair with Q, dO, K^T, V^T, lse and D loaded:
 // s <- P = exp(S - lse) (0 where masked or the row sees nothing),
-// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T.
+// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T; both P and
+// dS exactly 0 at masked pairs (where exp(-inf - lse) is NaN for a NaN lse and
+// dP is NaN for a masked key's NaN V: neither may leak).
 void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
                         int k0, int cols, BackwardScratch& w) {
   const int d = p.head_dim;
@@ -89,15 +92,30 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0
       dp[j] = ds * p.scale;
     }
   }
+  if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < kBlockK; ++j)
+      if (j >= cols || !mask.visible(q0 + i, k0 + j)) w.s[i * kBlockK + j] = w.dp[i * kBlockK + j] = 0.0f;
+}
+
+// Whether the products of a (query tile, key tile) pair must skip masked
+// pairs (tiles.h, accumulate_p_b): some pair is masked or some row sees no
+// key, and the operand `b` of rows x d values is not all finite.
+bool needs_exact(const MaskPolicy& mask, int q0, int rows, int k0, const BackwardScratch& w,
+                 const float* b, int b_rows, int d) {
+  const bool partly_masked = !mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK) || w.has_empty_row;
+  return partly_masked && !all_finite(b, b_rows * d);
 }
 
 void load_query_side(const AttentionParams& p, const float* row_d_all, int b,
                      const SequenceInfo& seq, int h, int q0, int rows, BackwardScratch& w) {
   load_tile(p, q_rows(p), b, seq.row_q, q0, rows, kBlockQ, h, 1.0f, w.q.data());
   load_tile(p, dout_rows(p), b, seq.row_q, q0, rows, kBlockQ, h, 1.0f, w.dout.data());
+  w.has_empty_row = false;
   for (int i = 0; i < rows; ++i) {
     w.lse[i] = p.lse[lse_offset(p, b, seq.row_q, q0 + i, h)];
     w.row_d[i] = row_d_all[static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + i];
+    w.has_empty_row |= w.lse[i] == kNegInf;
   }
 }
 
@@ -135,8 +153,12 @@ void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, 
       // dV += P^T dO ; dK += dS^T Q (the transposes make them the forward's P V product)
       transpose_tile(w.s.data(), rows, w.pt.data());
       transpose_tile(w.dp.data(), rows, w.dst.data());
-      matmul_acc_p_b(w.pt.data(), w.dout.data(), cols, rows, d, dv.data());
-      matmul_acc_p_b(w.dst.data(), w.q.data(), cols, rows, d, dk.data());
+      // Transposed products: row j of P^T is key k0 + j, column i is query q0 + i.
+      const auto visible = [&](int j, int i) { return w.lse[i] != kNegInf && mask.visible(q0 + i, k0 + j); };
+      accumulate_p_b(w.pt.data(), w.dout.data(), cols, rows, d, dv.data(),
+                     needs_exact(mask, q0, rows, k0, w, w.dout.data(), rows, d), visible);
+      accumulate_p_b(w.dst.data(), w.q.data(), cols, rows, d, dk.data(),
+                     needs_exact(mask, q0, rows, k0, w, w.q.data(), rows, d), visible);
     }
   }
   store_rows(p, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, b, seq.row_k, k0, cols,
@@ -164,7 +186,10 @@ void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int
     load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
     load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data());
     recompute_p_and_ds(p, mask, q0, rows, k0, cols, w);
-    matmul_acc_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data());
+    accumulate_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data(),
+                   needs_exact(mask, q0, rows, k0, w, w.k.data(), cols, d), [&](int i, int j) {
+                     return w.lse[i] != kNegInf && mask.visible(q0 + i, k0 + j);
+                   });
   }
   store_rows(p, p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, seq.row_q, q0, rows,
              h, dq.data());

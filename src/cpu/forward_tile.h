@@ -32,8 +32,8 @@ inline void online_softmax_step(int rows, int d, ForwardScratch& w) {
   for (int i = 0; i < rows; ++i) {
     float* si = &w.s[i * kBlockK];
     float m_new = w.row_max[i];
-    for (int j = 0; j < kBlockK; ++j) m_new = std::max(m_new, si[j]);
-    if (m_new == kNegInf) {  // nothing visible yet in this row
+    for (int j = 0; j < kBlockK; ++j) m_new = max_keep_nan(m_new, si[j]);
+    if (m_new == kNegInf) {  // nothing visible (or only -inf scores) yet in this row
       std::fill(si, si + kBlockK, 0.0f);
       continue;
     }
@@ -46,16 +46,18 @@ inline void online_softmax_step(int rows, int d, ForwardScratch& w) {
   }
 }
 
-// O = O / l ; L = m + log(l); a row that saw no key gets O = 0, L = -inf.
+// O = O / l ; L = m + log(l); a row that saw no key (its max is still -inf)
+// gets O = 0, L = -inf. A NaN max or sum makes O and L NaN (docs/semantics.md).
 template <typename Rows>
 void store_tile(const AttentionParams& p, const Rows& rows_of, int q0, int rows, ForwardScratch& w) {
   const int d = p.head_dim;
   for (int i = 0; i < rows; ++i) {
     const float l = w.row_sum[i];
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    const bool empty = w.row_max[i] == kNegInf;
+    const float inv_l = 1.0f / l;
     const int64_t off = rows_of.o(q0 + i);
-    for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, w.acc[i * d + c] * inv_l);
-    if (p.lse != nullptr) p.lse[rows_of.lse(q0 + i)] = l > 0.0f ? w.row_max[i] + std::log(l) : kNegInf;
+    for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, empty ? 0.0f : w.acc[i * d + c] * inv_l);
+    if (p.lse != nullptr) p.lse[rows_of.lse(q0 + i)] = empty ? kNegInf : w.row_max[i] + std::log(l);
   }
 }
 
@@ -84,8 +86,11 @@ void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, For
     matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());
     finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
     online_softmax_step(rows, d, w);
-    // O += P V
-    matmul_acc_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data());
+    // O += P V; over visible pairs only where the tile is partly masked and V
+    // holds a non-finite value (0 x NaN at a masked key would leak: tiles.h).
+    const bool exact = !mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK) && !all_finite(w.v.data(), cols * d);
+    accumulate_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data(), exact,
+                   [&](int i, int j) { return mask.visible(q0 + i, k0 + j); });
   }
   store_tile(p, rows_of, q0, rows, w);
 }

@@ -172,7 +172,6 @@ void matmul_acc_p_b_simple(const float* p, const float* b, int rows, int cols, i
     float* ci = c + i * d;
     for (int j = 0; j < cols; ++j) {
       const float pij = p[i * kBlockK + j];
-      if (pij == 0.0f) continue;  // masked keys
       const float* bj = b + j * d;
       for (int k = 0; k < d; ++k) ci[k] += pij * bj[k];
     }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -133,5 +134,51 @@ inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, int 
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// max(a, b) that keeps a NaN: once a row's running max is NaN it stays NaN,
+// so a NaN score reaches the row's output and lse (std::max(m, NaN) == m).
+inline float max_keep_nan(float m, float x) { return (x > m || x != x) ? x : m; }
+
+// True when all n values are finite (not NaN, not +-inf), by the exponent bits.
+inline bool all_finite(const float* x, int n) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t any = 0;
+  for (int i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof bits);
+    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  return any == 0;
+}
+
+// NOTES: masked pairs weigh exactly 0, but a dense product still adds
+// 0 x operand, which is NaN where the operand is NaN or Inf: a non-finite value
+// at a masked key (or a masked row's query) would leak into rows that cannot
+// see it. When a tile is partly masked and the operand is not all finite, the
+// product walks the visible pairs only: C[r][:] += P[r][j] * B[j][:] for
+// visible(r, j). Rare (non-finite inputs), so plain scalar loops.
+template <typename Visible>
+void matmul_acc_p_b_visible(const float* p, const float* b, int rows, int cols, int d, float* c,
+                            Visible&& visible) {
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < cols; ++j) {
+      if (!visible(r, j)) continue;
+      const float prj = p[r * kBlockK + j];
+      for (int k = 0; k < d; ++k) c[r * d + k] += prj * b[j * d + k];
+    }
+  }
+}
+
+// C += P B (matmul_acc_p_b), restricted to visible pairs when `exact` (a
+// partly masked tile with a non-finite operand B).
+template <typename Visible>
+void accumulate_p_b(const float* p, const float* b, int rows, int cols, int d, float* c,
+                    bool exact, Visible&& visible) {
+  if (exact) {
+    matmul_acc_p_b_visible(p, b, rows, cols, d, c, visible);
+  } else {
+    matmul_acc_p_b(p, b, rows, cols, d, c);
+  }
+}
 
 }  // namespace flashattn::cpu

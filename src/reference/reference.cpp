@@ -61,10 +61,12 @@ int score_row(const AttentionParams& p, const MaskPolicy& mask, const Rounder& r
   return visible;
 }
 
-// p_j = exp(s_j - lse), with lse = log(sum_j exp(s_j)); returns lse.
+// p_j = exp(s_j - lse), with lse = log(sum_j exp(s_j)); returns lse. A NaN
+// score makes the max, lse and every p_j NaN (std::max would drop it); a row
+// whose scores are all -inf gets lse = -inf and p = 0.
 double softmax_row(const std::vector<double>& s, int n, std::vector<double>& prob) {
   double m = kNegInf;
-  for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
+  for (int j = 0; j < n; ++j) m = (s[j] > m || std::isnan(s[j])) ? s[j] : m;
   double sum = 0;
   for (int j = 0; j < n; ++j) sum += s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
   const double lse = m + std::log(sum);
@@ -95,11 +97,14 @@ void attend_head(const AttentionParams& p, const MaskPolicy& mask, const Rounder
   for (int i = 0; i < mask.seqlen_q; i += row_stride) {
     const int64_t row = first_row + i;
     if (score_row(p, mask, round, &q[static_cast<size_t>(i) * d], k, i, s) == 0) continue;
-    r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, mask.seqlen_k, prob);
+    const double lse = softmax_row(s, mask.seqlen_k, prob);
+    if (lse == kNegInf) continue;  // every visible score is -inf: as if no key were visible
+    r.lse[static_cast<size_t>(h) * p.total_q + row] = lse;
     double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
+    // Every visible key enters, even at weight 0 (0 x NaN = NaN); masked keys never do.
     for (int j = 0; j < mask.seqlen_k; ++j) {
+      if (!mask.visible(i, j)) continue;
       const double pj = round(prob[j]);
-      if (pj == 0) continue;
       for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
     }
     for (int c = 0; c < d; ++c) o[c] = round(o[c]);
@@ -241,17 +246,18 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
         const double* qi = &q[static_cast<size_t>(i) * d];
         const double* doi = &dout[static_cast<size_t>(i) * d];
         if (score_row(p, mask, round, qi, k, i, s) == 0) continue;  // no key: zero gradients
-        softmax_row(s, sk, prob);
-        // dP = dO V^T ; D = rowsum(P * dP) (= rowsum(dO * O))
+        if (softmax_row(s, sk, prob) == kNegInf) continue;  // only -inf scores: likewise
+        // dP = dO V^T ; D = rowsum(P * dP) (= rowsum(dO * O)), over visible keys only
         double row_d = 0;
         for (int j = 0; j < sk; ++j) {
+          if (!mask.visible(i, j)) continue;
           prob[j] = round(prob[j]);
-          dp[j] = prob[j] == 0 ? 0.0 : round(dot(doi, &v[static_cast<size_t>(j) * d], d));
+          dp[j] = round(dot(doi, &v[static_cast<size_t>(j) * d], d));
           row_d += prob[j] * dp[j];
         }
         double* dqi = &r.dq[(static_cast<size_t>(seq.row_q + i) * p.heads_q + h) * d];
         for (int j = 0; j < sk; ++j) {
-          if (prob[j] == 0) continue;
+          if (!mask.visible(i, j)) continue;
           // dS = P * (dP - D); through softcap: d/du [c tanh(u/c)] = 1 - (s/c)^2; then scale.
           double ds = round(prob[j] * (dp[j] - row_d));
           if (p.softcap > 0) {

@@ -1,5 +1,7 @@
 #include "common/harness.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <algorithm>
+#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -61,6 +64,22 @@ int64_t tensor_offset_of_row(const fa_tensor& d, int64_t row, int head) {
   return b * d.strides[0] + r * d.strides[1] + head * d.strides[2];
 }
 
+// One element into a comparison. With nan_exact a NaN must appear exactly
+// where the fp64 reference has one (a mismatch counts in nan_count);
+// otherwise any NaN counts. Infinities must match exactly.
+void add_element(Comparison& c, double got, double exact, double naive, bool nan_exact) {
+  if (nan_exact && (std::isnan(exact) || std::isnan(got))) {
+    if (std::isnan(exact) != std::isnan(got)) ++c.nan_count;
+  } else if (std::isnan(got)) {
+    ++c.nan_count;
+  } else if (std::isinf(exact) || std::isinf(got)) {
+    if (got != exact) c.max_error = std::numeric_limits<double>::infinity();
+  } else {
+    c.max_error = std::max(c.max_error, std::abs(got - exact));
+    c.baseline_error = std::max(c.baseline_error, std::abs(naive - exact));
+  }
+}
+
 Comparison finish(Comparison c, double atol) {
   c.tolerance = 2.0 * c.baseline_error + atol;  // reference::tolerance with a chosen atol
   c.ok = c.nan_count == 0 && c.max_error <= c.tolerance;
@@ -91,6 +110,10 @@ std::string Case::name() const {
 
 double read_row_element(const HostTensor& t, int64_t row, int head, int col) {
   return load_as_float(t.bytes.data(), tensor_offset_of_row(t.desc, row, head) + col, t.desc.dtype);
+}
+
+void write_row_element(HostTensor& t, int64_t row, int head, int col, float value) {
+  store_from_float(t.bytes.data(), tensor_offset_of_row(t.desc, row, head) + col, t.desc.dtype, value);
 }
 
 Problem make_problem(const Case& c_in) {
@@ -215,7 +238,7 @@ std::string Comparison::describe(const char* what) const {
 }
 
 Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
-                        const std::vector<double>& naive, double atol) {
+                        const std::vector<double>& naive, double atol, bool nan_exact) {
   const fa_tensor& d = got.desc;
   const int heads = static_cast<int>(d.shape[d.ndim - 2]);
   const int dim = static_cast<int>(d.shape[d.ndim - 1]);
@@ -225,13 +248,7 @@ Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
     for (int h = 0; h < heads; ++h) {
       for (int col = 0; col < dim; ++col) {
         const size_t i = (static_cast<size_t>(r) * heads + h) * dim + col;
-        const double g = read_row_element(got, r, h, col);
-        if (std::isnan(g)) {
-          ++c.nan_count;
-          continue;
-        }
-        c.max_error = std::max(c.max_error, std::abs(g - exact[i]));
-        c.baseline_error = std::max(c.baseline_error, std::abs(naive[i] - exact[i]));
+        add_element(c, read_row_element(got, r, h, col), exact[i], naive[i], nan_exact);
       }
     }
   }
@@ -239,7 +256,7 @@ Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
 }
 
 Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,
-                       const std::vector<double>& naive, double atol) {
+                       const std::vector<double>& naive, double atol, bool nan_exact) {
   const fa_tensor& d = got.desc;
   Comparison c;
   const int heads = static_cast<int>(d.ndim == 2 ? d.shape[0] : d.shape[1]);
@@ -253,20 +270,24 @@ Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,
         const int64_t b = row / d.shape[2], r = row % d.shape[2];
         off = b * d.strides[0] + h * d.strides[1] + r * d.strides[2];
       }
-      const double g = static_cast<const float*>(got.desc.data)[off];
-      const double e = exact[static_cast<size_t>(h) * total + row];
-      const double n = naive[static_cast<size_t>(h) * total + row];
-      if (std::isnan(g)) {
-        ++c.nan_count;
-      } else if (std::isinf(e) || std::isinf(g)) {
-        if (g != e) c.max_error = std::numeric_limits<double>::infinity();
-      } else {
-        c.max_error = std::max(c.max_error, std::abs(g - e));
-        c.baseline_error = std::max(c.baseline_error, std::abs(n - e));
-      }
+      const size_t i = static_cast<size_t>(h) * total + row;
+      add_element(c, static_cast<const float*>(got.desc.data)[off], exact[i], naive[i], nan_exact);
     }
   }
   return finish(c, atol);
+}
+
+void expect_gradients_match(const Problem& p, const HostTensor& dq, const HostTensor& dk,
+                            const HostTensor& dv, bool nan_exact) {
+  const Expected e = expected_all(p);
+  const double atol = default_atol(p.c.dtype);
+  for (auto [got, exact, naive, name] :
+       {std::tuple{&dq, &e.exact_grad.dq, &e.naive_grad.dq, "dq"},
+        std::tuple{&dk, &e.exact_grad.dk, &e.naive_grad.dk, "dk"},
+        std::tuple{&dv, &e.exact_grad.dv, &e.naive_grad.dv, "dv"}}) {
+    const Comparison c = compare_rows(*got, *exact, *naive, atol, nan_exact);
+    EXPECT_TRUE(c.ok) << c.describe(name);
+  }
 }
 
 }  // namespace flashattn::testing

@@ -93,14 +93,23 @@ struct Comparison {
 double default_atol(fa_dtype dtype);
 
 // Compares a tensor laid out like q (or k) in `dtype` against canonical
-// [rows][heads][dim] reference values.
+// [rows][heads][dim] reference values. Infinities must match exactly. Any NaN
+// fails, unless nan_exact: then NaN must appear exactly where the fp64
+// reference has NaN (inputs with planted NaN, docs/semantics.md).
 Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
-                        const std::vector<double>& naive, double atol);
-// Compares an lse tensor against canonical [heads][total_q] values; -inf must match exactly.
+                        const std::vector<double>& naive, double atol, bool nan_exact = false);
+// Compares an lse tensor against canonical [heads][total_q] values, as compare_rows.
 Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,
-                       const std::vector<double>& naive, double atol);
+                       const std::vector<double>& naive, double atol, bool nan_exact = false);
+
+// dq, dk, dv against the fp64 reference of p with the tolerance rule (gtest
+// expectations, one per gradient); nan_exact as in compare_rows.
+void expect_gradients_match(const Problem& p, const HostTensor& dq, const HostTensor& dk,
+                            const HostTensor& dv, bool nan_exact = false);
 
 // Reads element (row, head, col) of a q-like / k-like tensor as double.
 double read_row_element(const HostTensor& t, int64_t row, int head, int col);
+// Writes element (row, head, col) of a q-like / k-like tensor (plants NaN/Inf in tests).
+void write_row_element(HostTensor& t, int64_t row, int head, int col, float value);
 
 }  // namespace flashattn::testing
