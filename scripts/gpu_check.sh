@@ -69,6 +69,17 @@ if has sanitize; then
         --error-exitcode 9 "$src/tests/$t" --gtest_filter="$sm80_subset" --gtest_brief=1
     done
   done
+  # Bad input, variable-length metadata, NaN/Inf planting and the KV cache
+  # (bad page indices included): memcheck over whole suites, so no
+  # out-of-bounds access hides behind a clean error code.
+  for t in test_cuda_hardening test_cuda_nan_semantics; do
+    [ -x "$src/tests/$t" ] &&
+      FLASHATTN_SM90_TEST_SMALL=1 start_bg "san_memcheck_$t" compute-sanitizer --tool memcheck \
+        --error-exitcode 9 "$src/tests/$t" --gtest_brief=1
+  done
+  [ -x "$src/tests/test_cuda_kvcache" ] &&
+    start_bg san_memcheck_test_cuda_kvcache compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$src/tests/test_cuda_kvcache" --gtest_filter='CudaKvCacheErrors.*:CudaKvCacheGraph.*:*d64*' --gtest_brief=1
   for tool in memcheck racecheck synccheck; do
     [ -x "$src/tests/test_sm90_forward" ] &&
       FLASHATTN_SM90_TEST_SMALL=1 start_bg "san_${tool}_test_sm90_forward" compute-sanitizer --tool "$tool" \
