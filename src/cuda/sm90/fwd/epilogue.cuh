@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "attention/state.h"
 #include "core/layout.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
@@ -39,10 +40,8 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int lane) {
 
 // Split tail (attention/work_plan.h): this warp's part of a tail tile (its 16 rows'
 // unnormalized O, row max and row sum) goes to the part's slot; the warp that
-// completes the tile's last part merges every part, in part order (so the
-// result does not depend on which finished last), into o, m, l:
-//   m = max_j m_j;  O = sum_j O_j 2^((m_j - m) scale_log2);  l likewise,
-// and returns true. The others return false: their rows are not theirs to store.
+// completes the tile's last part merges every part into o, m, l and returns
+// true. The others return false: their rows are not theirs to store.
 // Slots: [tail tile][part][consumer warp][float4 i][lane], O then (m0, m1, l0, l1).
 template <int D>
 __device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSegment& seg, int warp_slot,
@@ -70,34 +69,34 @@ __device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSe
   finished = __shfl_sync(0xffffffff, finished, 0);
   if (finished != seg.parts - 1) return false;
   __threadfence();
-  float mt[2] = {-INFINITY, -INFINITY};
-  for (int j = 0; j < seg.parts; ++j) {
-    const float4 ml = __ldcg(slot(j) + kVecs * 32);
-    mt[0] = fmaxf(mt[0], ml.x);
-    mt[1] = fmaxf(mt[1], ml.y);
-  }
+  // The parts merged in part order with the one online-softmax merge
+  // (attention/state.h; a part's m is its raw row max, so m * logit_scale
+  // is the max logit), so the result does not depend on which part finished
+  // last. A part whose rows saw no key (m -inf) is the merge's identity.
+  RowState st[2] = {RowState::empty(), RowState::empty()};
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  l[0] = l[1] = 0.0f;
   for (int j = 0; j < seg.parts; ++j) {
     const float4* src = slot(j);
     const float4 ml = __ldcg(src + kVecs * 32);
-    // A part whose rows saw no key (max -inf) adds nothing.
-    const float f0 = ml.x == -INFINITY ? 0.0f : fast_exp2((ml.x - mt[0]) * a.scale_log2);
-    const float f1 = ml.y == -INFINITY ? 0.0f : fast_exp2((ml.y - mt[1]) * a.scale_log2);
-    l[0] += ml.z * f0;
-    l[1] += ml.w * f1;
+    const MergeFactors f0 = merge_factors(st[0], {ml.x * a.logit_scale, ml.z}, OutputForm::kUnnormalized);
+    const MergeFactors f1 = merge_factors(st[1], {ml.y * a.logit_scale, ml.w}, OutputForm::kUnnormalized);
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const float4 v = __ldcg(src + i * 32);
-      o[4 * i] += v.x * f0;
-      o[4 * i + 1] += v.y * f0;
-      o[4 * i + 2] += v.z * f1;
-      o[4 * i + 3] += v.w * f1;
+      o[4 * i] = o[4 * i] * f0.a + v.x * f0.b;
+      o[4 * i + 1] = o[4 * i + 1] * f0.a + v.y * f0.b;
+      o[4 * i + 2] = o[4 * i + 2] * f1.a + v.z * f1.b;
+      o[4 * i + 3] = o[4 * i + 3] * f1.a + v.w * f1.b;
     }
+    st[0] = f0.merged;
+    st[1] = f1.merged;
   }
-  m[0] = mt[0];
-  m[1] = mt[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[r] = st[r].is_empty() ? -INFINITY : st[r].m / a.logit_scale;
+    l[r] = st[r].l;
+  }
   return true;
 }
 
