@@ -28,12 +28,7 @@ TEST_P(CpuBackward, MatchesFloat64Reference) {
             FA_OK)
       << fa_last_error();
   const Expected e = expected_all(p);
-  const double atol = default_atol(p.c.dtype);
-  for (auto [got, exact, naive, name] :
-       {std::tuple{&dq, &e.exact_grad.dq, &e.naive_grad.dq, "dq"},
-        std::tuple{&dk, &e.exact_grad.dk, &e.naive_grad.dk, "dk"},
-        std::tuple{&dv, &e.exact_grad.dv, &e.naive_grad.dv, "dv"}}) {
-    const Comparison c = compare_rows(*got, *exact, *naive, atol);
+  for (const auto& [name, c] : compare_gradients(dq, dk, dv, e, default_atol(p.c.dtype))) {
     EXPECT_TRUE(c.ok) << c.describe(name);
   }
 }

@@ -88,8 +88,28 @@ typedef struct fa_options {
   int32_t reserved[7];   /* zero; room to grow without breaking the ABI */
 } fa_options;
 
+/* Score extras beyond fa_options, for fa_forward_ex / fa_backward_ex (the
+ * plain entry points are these with every extra off). Each tensor is f32 on
+ * q's device, or NULL for off.
+ *   alibi_slopes: (heads_q) or (batch, heads_q); score -= slope * |i + seqlen_k - seqlen_q - j|
+ *                 (per sequence for varlen), added after softcap (flash-attn 2.x).
+ *   sinks:        (heads_q); a logit per query head that joins each row's softmax
+ *                 denominator and carries no value (gpt-oss): the lse includes it,
+ *                 and a row that sees no key gets out 0 and lse = sink.
+ *   dsinks:       fa_backward_ex only, required when sinks is given, (heads_q):
+ *                 overwritten with the gradient of the loss w.r.t. sinks. */
+typedef struct fa_extras {
+  const fa_tensor* alibi_slopes;
+  const fa_tensor* sinks;
+  fa_tensor* dsinks;
+  int32_t reserved[8];  /* zero; room to grow without breaking the ABI */
+} fa_extras;
+
 /* Defaults: scale 1/sqrt(d), no mask, window (-1,-1), auto backend. */
 FA_API fa_options fa_default_options(void);
+
+/* Every extra off. */
+FA_API fa_extras fa_default_extras(void);
 
 FA_API const char* fa_last_error(void);
 FA_API const char* fa_status_string(fa_status status);
@@ -136,6 +156,16 @@ FA_API fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_te
                              fa_tensor* dq, fa_tensor* dk, fa_tensor* dv,
                              const fa_varlen* varlen, const fa_options* options,
                              void* workspace, size_t workspace_bytes);
+
+/* fa_forward / fa_backward with score extras; extras may be NULL (= all off). */
+FA_API fa_status fa_forward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                               fa_tensor* out, fa_tensor* lse, const fa_varlen* varlen,
+                               const fa_options* options, const fa_extras* extras);
+FA_API fa_status fa_backward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                                const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                                fa_tensor* dq, fa_tensor* dk, fa_tensor* dv,
+                                const fa_varlen* varlen, const fa_options* options,
+                                const fa_extras* extras, void* workspace, size_t workspace_bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

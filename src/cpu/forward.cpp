@@ -21,9 +21,32 @@ struct ForwardScratch {
   }
 };
 
+// O = O / l ; L = m + log(l); a row that saw no key gets O = 0, L = -inf.
+// With a sink (score_mod.h): L = logaddexp(L, sink), O *= exp(L_keys - L).
+void store_tile(const AttentionParams& p, int b, int h, const SequenceInfo& seq, int q0, int rows,
+                const ForwardScratch& w) {
+  const int d = p.head_dim;
+  for (int i = 0; i < rows; ++i) {
+    const float l = w.row_sum[i];
+    float lse = l > 0.0f ? w.row_max[i] + std::log(l) : kNegInf;
+    float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    if (p.has_sinks()) {
+      const AttentionSink sink{p.sinks[h]};
+      const float lse_keys = lse;
+      lse = sink.lse(lse_keys);
+      inv_l *= sink.output_factor(lse_keys, lse);
+    }
+    const int64_t off = row_offset(b, seq.row_q, q0 + i, h, p.o_batch_stride, p.o_row_stride,
+                                   p.o_head_stride, p.is_varlen());
+    for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, w.acc[i * d + c] * inv_l);
+    if (p.lse != nullptr) p.lse[lse_offset(p, b, seq.row_q, q0 + i, h)] = lse;
+  }
+}
+
 void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScratch& w) {
   const SequenceInfo seq = sequence_info(p, b);
   const MaskPolicy mask = mask_for(p, seq);
+  const AlibiScore alibi = alibi_for(p, seq, b, h);
   const int d = p.head_dim, hk = h / p.group_size();
   const int q0 = q_tile * kBlockQ;
   const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
@@ -42,7 +65,7 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
     load_tile(p, v_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.v.data());
     // S = (scale * Q) K^T, softcapped and masked
     matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());
-    finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
+    finish_scores(p, mask, alibi, q0, rows, k0, cols, w.s.data());
     for (int i = 0; i < rows; ++i) {
       float* si = &w.s[i * kBlockK];
       // m_new = max(m, rowmax(S))
@@ -64,17 +87,7 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
     matmul_acc_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data());
   }
 
-  // O = O / l ; L = m + log(l); a row that saw no key gets O = 0, L = -inf.
-  for (int i = 0; i < rows; ++i) {
-    const float l = w.row_sum[i];
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t off = row_offset(b, seq.row_q, q0 + i, h, p.o_batch_stride, p.o_row_stride,
-                                   p.o_head_stride, p.is_varlen());
-    for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, w.acc[i * d + c] * inv_l);
-    if (p.lse != nullptr) {
-      p.lse[lse_offset(p, b, seq.row_q, q0 + i, h)] = l > 0.0f ? w.row_max[i] + std::log(l) : kNegInf;
-    }
-  }
+  store_tile(p, b, h, seq, q0, rows, w);
 }
 
 }  // namespace

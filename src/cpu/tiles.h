@@ -96,14 +96,18 @@ void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, f
 // anything below 2^-126); returns their sum.
 float exp_shifted(float* s, float shift);
 
-// Scores in place: softcap, then -inf outside the mask (tile origin q0, k0).
-// Partially visible tiles pay for the mask; fully visible ones skip it.
-inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
-                          int k0, int cols, float* s) {
+// Scores in place: softcap, the ALiBi term, then -inf outside the mask (tile
+// origin q0, k0). Partially visible tiles pay for the mask; fully visible ones skip it.
+inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
+                          int q0, int rows, int k0, int cols, float* s) {
   if (p.softcap > 0) {
     const float inv_cap = 1.0f / p.softcap;
     for (int i = 0; i < rows; ++i)
       for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = p.softcap * std::tanh(s[i * kBlockK + j] * inv_cap);
+  }
+  if (p.has_alibi()) {
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = alibi(s[i * kBlockK + j], q0 + i, k0 + j);
   }
   if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
   for (int i = 0; i < rows; ++i)

@@ -99,6 +99,16 @@ fa_status check_common(const AttentionParams& p) {
   return FA_OK;
 }
 
+// ALiBi and sinks: the CUDA kernels do not run them yet (docs/variants.md).
+fa_status check_extras(const AttentionParams& p) {
+  if (p.has_alibi() || p.has_sinks()) {
+    return fail(FA_ERROR_UNSUPPORTED, std::string("the CUDA kernels do not implement ") +
+                                          (p.has_alibi() ? "ALiBi (alibi_slopes)" : "attention sinks") +
+                                          " yet; use the CPU backend");
+  }
+  return FA_OK;
+}
+
 }  // namespace
 
 bool available(const char** why) {
@@ -122,11 +132,13 @@ fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_inde
 
 fa_status check_forward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
+  FA_RETURN_IF_ERROR(check_extras(p));
   return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
 }
 
 fa_status check_backward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
+  FA_RETURN_IF_ERROR(check_extras(p));
   FA_RETURN_IF_ERROR(check_row_strides(
       {p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
        p.do_head_stride, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride,

@@ -1,5 +1,6 @@
 #include "reference/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -40,10 +41,13 @@ double dot(const double* a, const double* b, int n) {
   return s;
 }
 
-// Scores of query row i against every key: softcap(scale * q.k), -inf where masked.
-// Returns the number of visible keys.
-int score_row(const AttentionParams& p, const MaskPolicy& mask, const Rounder& round,
-              const double* q_row, const std::vector<double>& k, int i, std::vector<double>& s) {
+// Scores of query row i against every key: softcap(scale * q.k) minus the
+// ALiBi distance penalty, -inf where masked; capped[j] gets the score before
+// the ALiBi term (softcap's derivative is a function of it). Returns the
+// number of visible keys.
+int score_row(const AttentionParams& p, const MaskPolicy& mask, double alibi_slope,
+              const Rounder& round, const double* q_row, const std::vector<double>& k, int i,
+              std::vector<double>& s, std::vector<double>& capped) {
   const int d = p.head_dim;
   int visible = 0;
   for (int j = 0; j < mask.seqlen_k; ++j) {
@@ -53,21 +57,36 @@ int score_row(const AttentionParams& p, const MaskPolicy& mask, const Rounder& r
     }
     double x = round(round(dot(q_row, &k[static_cast<size_t>(j) * d], d)) * p.scale);
     if (p.softcap > 0) x = round(p.softcap * std::tanh(x / p.softcap));
+    capped[j] = x;
+    if (p.has_alibi()) x = round(x - alibi_slope * std::abs(i + mask.seqlen_k - mask.seqlen_q - j));
     s[j] = x;
     ++visible;
   }
   return visible;
 }
 
-// p_j = exp(s_j - lse), with lse = log(sum_j exp(s_j)); returns lse.
-double softmax_row(const std::vector<double>& s, int n, std::vector<double>& prob) {
-  double m = kNegInf;
+// p_j = exp(s_j - lse), with lse = log(exp(sink) + sum_j exp(s_j)) (sink =
+// -inf when there is none); returns lse (-inf for a row with no key and no sink).
+double softmax_row(const std::vector<double>& s, int n, double sink, std::vector<double>& prob) {
+  double m = sink;
   for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
-  double sum = 0;
+  if (m == kNegInf) {
+    std::fill(prob.begin(), prob.begin() + n, 0.0);
+    return kNegInf;
+  }
+  double sum = sink == kNegInf ? 0.0 : std::exp(sink - m);
   for (int j = 0; j < n; ++j) sum += s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
   const double lse = m + std::log(sum);
   for (int j = 0; j < n; ++j) prob[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - lse);
   return lse;
+}
+
+double sink_of(const AttentionParams& p, int h) {
+  return p.has_sinks() ? static_cast<double>(p.sinks[h]) : kNegInf;
+}
+
+double slope_of(const AttentionParams& p, int b, int h) {
+  return p.has_alibi() ? static_cast<double>(p.alibi_slope(b, h)) : 0.0;
 }
 
 }  // namespace
@@ -97,11 +116,12 @@ ForwardResult forward(const AttentionParams& p, Precision precision, int row_str
                              p.k_row_stride, p.k_head_stride);
     const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, seq.seqlen_k, hk, p.v_batch_stride,
                              p.v_row_stride, p.v_head_stride);
-    std::vector<double> s(seq.seqlen_k), prob(seq.seqlen_k);
+    std::vector<double> s(seq.seqlen_k), capped(seq.seqlen_k), prob(seq.seqlen_k);
+    const double sink = sink_of(p, h), slope = slope_of(p, b, h);
     for (int i = 0; i < seq.seqlen_q; i += row_stride) {
       const int64_t row = seq.row_q + i;
-      if (score_row(p, mask, round, &q[static_cast<size_t>(i) * d], k, i, s) == 0) continue;
-      r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, seq.seqlen_k, prob);
+      score_row(p, mask, slope, round, &q[static_cast<size_t>(i) * d], k, i, s, capped);
+      r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, seq.seqlen_k, sink, prob);
       double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
       for (int j = 0; j < seq.seqlen_k; ++j) {
         const double pj = round(prob[j]);
@@ -121,6 +141,8 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
   r.dq.assign(static_cast<size_t>(p.total_q) * p.heads_q * d, 0.0);
   r.dk.assign(static_cast<size_t>(p.total_k) * p.heads_kv * d, 0.0);
   r.dv.assign(static_cast<size_t>(p.total_k) * p.heads_kv * d, 0.0);
+  // dL/dsink per (sequence, head), summed over sequences at the end.
+  std::vector<double> dsink_parts(static_cast<size_t>(p.batch) * p.heads_q, 0.0);
   // One item per (sequence, kv head): the query heads of a group add into the
   // same dk/dv rows, so they stay in one thread.
   parallel_for(static_cast<int64_t>(p.batch) * p.heads_kv, p.num_threads, [&](int64_t item, int) {
@@ -133,8 +155,9 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
     const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, sk, hk, p.v_batch_stride,
                              p.v_row_stride, p.v_head_stride);
     std::vector<double> dk(static_cast<size_t>(sk) * d, 0.0), dv(static_cast<size_t>(sk) * d, 0.0);
-    std::vector<double> s(sk), prob(sk), dp(sk);
+    std::vector<double> s(sk), capped(sk), prob(sk), dp(sk);
     for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+      const double sink = sink_of(p, h), slope = slope_of(p, b, h);
       const auto q = load_rows(p.q, p.dtype, p, b, seq.row_q, seq.seqlen_q, h, p.q_batch_stride,
                                p.q_row_stride, p.q_head_stride);
       const auto dout = load_rows(p.dout, p.dtype, p, b, seq.row_q, seq.seqlen_q, h,
@@ -142,8 +165,8 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
       for (int i = 0; i < seq.seqlen_q; ++i) {
         const double* qi = &q[static_cast<size_t>(i) * d];
         const double* doi = &dout[static_cast<size_t>(i) * d];
-        if (score_row(p, mask, round, qi, k, i, s) == 0) continue;  // no key: zero gradients
-        softmax_row(s, sk, prob);
+        if (score_row(p, mask, slope, round, qi, k, i, s, capped) == 0) continue;  // no key: zero gradients
+        const double lse = softmax_row(s, sk, sink, prob);
         // dP = dO V^T ; D = rowsum(P * dP) (= rowsum(dO * O))
         double row_d = 0;
         for (int j = 0; j < sk; ++j) {
@@ -151,13 +174,18 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
           dp[j] = prob[j] == 0 ? 0.0 : round(dot(doi, &v[static_cast<size_t>(j) * d], d));
           row_d += prob[j] * dp[j];
         }
+        // The sink's probability exp(sink - lse); d lse / d sink = P_sink, so
+        // dL/dsink = sum_j dL/dP_j dP_j/dsink = -P_sink sum_j P_j dP_j = -P_sink D.
+        if (p.has_sinks()) {
+          dsink_parts[static_cast<size_t>(b) * p.heads_q + h] -= std::exp(sink - lse) * row_d;
+        }
         double* dqi = &r.dq[(static_cast<size_t>(seq.row_q + i) * p.heads_q + h) * d];
         for (int j = 0; j < sk; ++j) {
           if (prob[j] == 0) continue;
           // dS = P * (dP - D); through softcap: d/du [c tanh(u/c)] = 1 - (s/c)^2; then scale.
           double ds = round(prob[j] * (dp[j] - row_d));
           if (p.softcap > 0) {
-            const double t = s[j] / p.softcap;
+            const double t = capped[j] / p.softcap;
             ds = round(ds * (1.0 - t * t));
           }
           ds = round(ds * p.scale);
@@ -180,6 +208,11 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
       }
     }
   });
+  if (p.has_sinks()) {
+    r.dsinks.assign(static_cast<size_t>(p.heads_q), 0.0);
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads_q; ++h) r.dsinks[h] += dsink_parts[static_cast<size_t>(b) * p.heads_q + h];
+  }
   return r;
 }
 

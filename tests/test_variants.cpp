@@ -1,0 +1,348 @@
+// ALiBi and attention sinks (fa_extras): the CPU backend against the float64
+// reference, the reference against finite differences and hand-computed
+// answers, and the validation of the extras.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/harness.h"
+#include "common/suites.h"
+#include "core/extras.h"
+
+namespace flashattn::testing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+fa_options cpu_options(const Problem& p) {
+  fa_options o = p.options;
+  o.backend = FA_BACKEND_CPU;
+  return o;
+}
+
+// The unit roundoff of the dtype the backends store O in.
+double unit_roundoff(fa_dtype dtype) {
+  switch (dtype) {
+    case FA_BF16: return std::ldexp(1.0, -8);
+    case FA_F16: return std::ldexp(1.0, -11);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+
+// sum over rows of |exp(sink - lse) * D| per head, from the exact forward: the
+// sinks' gradient is this sum with signs, and every backend forms D = dO . O
+// from O rounded to the dtype, so its error is bounded by u times this.
+std::vector<double> dsinks_magnitude(const Problem& p, const Expected& e) {
+  const AttentionParams params = p.host_params();
+  const int d = p.c.head_dim, hq = p.c.heads_q;
+  std::vector<double> sum(static_cast<size_t>(hq), 0.0);
+  for (int h = 0; h < hq; ++h) {
+    for (int64_t row = 0; row < params.total_q; ++row) {
+      const double lse = e.exact.lse[static_cast<size_t>(h) * params.total_q + row];
+      if (lse == -kInf) continue;
+      double row_d = 0;
+      for (int c = 0; c < d; ++c)
+        row_d += e.exact.out[(static_cast<size_t>(row) * hq + h) * d + c] * read_row_element(p.dout, row, h, c);
+      sum[h] += std::abs(std::exp(params.sinks[h] - lse) * row_d);
+    }
+  }
+  return sum;
+}
+
+// The sinks' gradient against the reference: 2x the naive error, plus 2u
+// times the magnitude of the sum (see dsinks_magnitude), plus the atol.
+void expect_dsinks_close(const HostTensor& got, const Problem& p, const Expected& e) {
+  const std::vector<double>& exact = e.exact_grad.dsinks;
+  const std::vector<double>& naive = e.naive_grad.dsinks;
+  ASSERT_EQ(got.bytes.size(), exact.size() * sizeof(float));
+  const std::vector<double> magnitude = dsinks_magnitude(p, e);
+  const float* g = reinterpret_cast<const float*>(got.bytes.data());
+  for (size_t h = 0; h < exact.size(); ++h) {
+    const double tol = 2.0 * std::abs(naive[h] - exact[h]) + 2.0 * unit_roundoff(p.c.dtype) * magnitude[h] +
+                       default_atol(p.c.dtype);
+    EXPECT_FALSE(std::isnan(g[h])) << "dsinks[" << h << "] is NaN";
+    EXPECT_LE(std::abs(g[h] - exact[h]), tol) << "dsinks[" << h << "] = " << g[h] << ", expected " << exact[h];
+  }
+}
+
+class CpuVariants : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuVariants, ForwardMatchesFloat64Reference) {
+  const Problem p = make_problem(GetParam());
+  const fa_options o = cpu_options(p);
+  const fa_extras x = p.extras();
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, p.varlen_ptr(), &o, &x),
+            FA_OK)
+      << fa_last_error();
+  const Expected e = expected_forward(p);
+  const Comparison co = compare_rows(out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
+  EXPECT_TRUE(co.ok) << co.describe("out");
+  const Comparison cl = compare_lse(lse, e.exact.lse, e.naive.lse, 1e-4);
+  EXPECT_TRUE(cl.ok) << cl.describe("lse");
+}
+
+TEST_P(CpuVariants, BackwardMatchesFloat64Reference) {
+  const Problem p = make_problem(GetParam());
+  const fa_options o = cpu_options(p);
+  fa_extras x = p.extras();
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse(), dsinks = p.poisoned_dsinks();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, p.varlen_ptr(), &o, &x),
+            FA_OK)
+      << fa_last_error();
+  if (p.c.sinks) x.dsinks = &dsinks.desc;
+  HostTensor dq = p.poisoned_like_q(), dk = p.poisoned_like_k(), dv = p.poisoned_like_k();
+  ASSERT_EQ(fa_backward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &p.dout.desc, &lse.desc, &dq.desc,
+                           &dk.desc, &dv.desc, p.varlen_ptr(), &o, &x, nullptr, 0),
+            FA_OK)
+      << fa_last_error();
+  const Expected e = expected_all(p);
+  for (const auto& [name, c] : compare_gradients(dq, dk, dv, e, default_atol(p.c.dtype))) {
+    EXPECT_TRUE(c.ok) << c.describe(name);
+  }
+  if (p.c.sinks) expect_dsinks_close(dsinks, p, e);
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, CpuVariants,
+                         ::testing::ValuesIn(variants_suite({FA_F32, FA_F16, FA_BF16}, suite_head_dims())),
+                         [](const auto& info) { return info.param.name(); });
+
+// L = sum(out * dout) by the float64 reference.
+double reference_loss(const Problem& p) {
+  const AttentionParams params = p.host_params();
+  const reference::ForwardResult r = reference::forward(params, reference::Precision::kFloat64);
+  double loss = 0;
+  const int d = p.c.head_dim;
+  for (int64_t row = 0; row < params.total_q; ++row)
+    for (int h = 0; h < p.c.heads_q; ++h)
+      for (int c = 0; c < d; ++c)
+        loss += r.out[(static_cast<size_t>(row) * p.c.heads_q + h) * d + c] * read_row_element(p.dout, row, h, c);
+  return loss;
+}
+
+float& f32_at(HostTensor& t, int64_t i) { return reinterpret_cast<float*>(t.bytes.data())[i]; }
+
+// Central differences of L, with the step actually taken (the f32 value
+// after the move minus before) as the denominator.
+double central_difference(Problem& p, float& x, float step) {
+  const float x0 = x;
+  x = x0 + step;
+  const float up = x;
+  const double l_up = reference_loss(p);
+  x = x0 - step;
+  const float down = x;
+  const double l_down = reference_loss(p);
+  x = x0;
+  return (l_up - l_down) / (static_cast<double>(up) - static_cast<double>(down));
+}
+
+Case gradient_case() {
+  Case c = make_case(FA_F32, 37, 53, 16, 77);
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = true;  // with seqlen_q < seqlen_k no row is empty; see EmptyRows below
+  c.softcap = 3.0f;
+  c.alibi = Case::Alibi::kPerBatchHead;
+  c.sinks = true;
+  c.batch = 2;
+  return c;
+}
+
+TEST(ReferenceVariants, SinkGradientMatchesFiniteDifferences) {
+  Problem p = make_problem(gradient_case());
+  const reference::BackwardResult g = reference::backward(p.host_params(), reference::Precision::kFloat64);
+  ASSERT_EQ(g.dsinks.size(), 4u);
+  for (int h = 0; h < 4; ++h) {
+    const double fd = central_difference(p, f32_at(p.sinks, h), 1e-2f);
+    EXPECT_NEAR(g.dsinks[h], fd, 1e-5 * (1.0 + std::abs(fd))) << "head " << h;
+  }
+}
+
+// dq through softcap and ALiBi (and the sink's share of the denominator).
+TEST(ReferenceVariants, QueryGradientMatchesFiniteDifferences) {
+  Problem p = make_problem(gradient_case());
+  const reference::BackwardResult g = reference::backward(p.host_params(), reference::Precision::kFloat64);
+  float* q = reinterpret_cast<float*>(p.q.bytes.data());
+  for (int64_t row : {0, 36, 37 + 20}) {
+    for (int h : {0, 3}) {
+      const int c = 5;
+      const int64_t off = (row / 37) * p.q.desc.strides[0] + (row % 37) * p.q.desc.strides[1] +
+                          h * p.q.desc.strides[2] + c;
+      const double fd = central_difference(p, q[off], 1e-2f);
+      const double an = g.dq[(static_cast<size_t>(row) * 4 + h) * 16 + c];
+      EXPECT_NEAR(an, fd, 1e-5 * (1.0 + std::abs(fd))) << "row " << row << " head " << h;
+    }
+  }
+}
+
+// One query, one key: out = v * sigmoid(s - z), lse = log(e^s + e^z) with
+// s = scale q.k - slope |0 + 1 - 1 - 0|; here with 2 keys to see the ALiBi term.
+TEST(ReferenceVariants, HandComputedAnswer) {
+  Case c = make_case(FA_F32, 1, 2, 8, 3);
+  c.heads_q = c.heads_kv = 1;
+  c.alibi = Case::Alibi::kPerHead;
+  c.sinks = true;
+  Problem p = make_problem(c);
+  const float slope = f32_at(p.alibi_slopes, 0), z = f32_at(p.sinks, 0);
+  const AttentionParams params = p.host_params();
+  double s[2];
+  for (int j = 0; j < 2; ++j) {
+    double dot = 0;
+    for (int col = 0; col < 8; ++col) dot += read_row_element(p.q, 0, 0, col) * read_row_element(p.k, j, 0, col);
+    s[j] = dot * params.scale - slope * std::abs(0 + 2 - 1 - j);
+  }
+  const double denom = std::exp(s[0]) + std::exp(s[1]) + std::exp(static_cast<double>(z));
+  const reference::ForwardResult r = reference::forward(params, reference::Precision::kFloat64);
+  EXPECT_NEAR(r.lse[0], std::log(denom), 1e-12);
+  for (int col = 0; col < 8; ++col) {
+    const double want = (std::exp(s[0]) * read_row_element(p.v, 0, 0, col) +
+                         std::exp(s[1]) * read_row_element(p.v, 1, 0, col)) / denom;
+    EXPECT_NEAR(r.out[col], want, 1e-12);
+  }
+}
+
+// With causal and seqlen_q > seqlen_k the leading rows see no key: out 0, lse
+// = the sink, and no share in any gradient.
+TEST(CpuVariantsEdges, EmptyRowsGetTheSinkAsLse) {
+  Case c = make_case(FA_F32, 20, 5, 32, 9);
+  c.causal = true;
+  c.sinks = true;
+  const Problem p = make_problem(c);
+  const fa_options o = cpu_options(p);
+  const fa_extras x = p.extras();
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
+  const float* l = reinterpret_cast<const float*>(lse.bytes.data());
+  const float* z = reinterpret_cast<const float*>(p.sinks.bytes.data());
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 15; ++i) {  // rows 0..14 see no key (i + 5 - 20 < 0)
+      EXPECT_EQ(l[h * 20 + i], z[h]);
+      for (int col = 0; col < 32; ++col) EXPECT_EQ(read_row_element(out, i, h, col), 0.0);
+    }
+    EXPECT_NE(l[h * 20 + 15], z[h]);
+  }
+}
+
+// A slope of 0 and a sink of -inf are exact no-ops: bitwise the plain forward.
+TEST(CpuVariantsEdges, NeutralExtrasAreBitwiseNoOps) {
+  Case c = make_case(FA_BF16, 113, 203, 64, 11);
+  c.causal = true;
+  c.alibi = Case::Alibi::kPerHead;
+  c.sinks = true;
+  Problem p = make_problem(c);
+  for (int h = 0; h < 2; ++h) {
+    f32_at(p.alibi_slopes, h) = 0.0f;
+    f32_at(p.sinks, h) = -std::numeric_limits<float>::infinity();
+  }
+  const fa_options o = cpu_options(p);
+  const fa_extras x = p.extras();
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  HostTensor plain = p.poisoned_like_q(), plain_lse = p.poisoned_lse();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
+  ASSERT_EQ(fa_forward(&p.q.desc, &p.k.desc, &p.v.desc, &plain.desc, &plain_lse.desc, nullptr, &o), FA_OK);
+  EXPECT_EQ(out.bytes, plain.bytes);
+  EXPECT_EQ(lse.bytes, plain_lse.bytes);
+}
+
+// Each extra is checked before any memory is touched; the message names it.
+class ExtrasValidation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Case c = make_case(FA_F32, 7, 9, 16, 5);
+    c.batch = 2;
+    c.alibi = Case::Alibi::kPerBatchHead;
+    c.sinks = true;
+    p = make_problem(c);
+    o = cpu_options(p);
+    out = p.poisoned_like_q();
+    lse = p.poisoned_lse();
+    dq = p.poisoned_like_q();
+    dk = p.poisoned_like_k();
+    dv = p.poisoned_like_k();
+    dsinks = p.poisoned_dsinks();
+  }
+  fa_status forward(const fa_extras& x) {
+    return fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x);
+  }
+  fa_status backward(const fa_extras& x) {
+    return fa_backward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &p.dout.desc, &lse.desc, &dq.desc,
+                          &dk.desc, &dv.desc, nullptr, &o, &x, nullptr, 0);
+  }
+  void expect_error(fa_status s, const char* words) {
+    EXPECT_EQ(s, FA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(fa_last_error(), words), nullptr) << fa_last_error();
+  }
+  Problem p;
+  fa_options o{};
+  HostTensor out, lse, dq, dk, dv, dsinks;
+};
+
+TEST_F(ExtrasValidation, AcceptsTheValidExtrasAndNull) {
+  const fa_extras x = p.extras();
+  EXPECT_EQ(forward(x), FA_OK) << fa_last_error();
+  EXPECT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, nullptr), FA_OK);
+}
+
+TEST_F(ExtrasValidation, RejectsBadAlibiSlopes) {
+  fa_extras x = p.extras();
+  fa_tensor t = p.alibi_slopes.desc;
+  x.alibi_slopes = &t;
+  t.shape[0] = 3;  // batch is 2
+  expect_error(forward(x), "alibi_slopes");
+  t = p.alibi_slopes.desc;
+  t.dtype = FA_F16;
+  expect_error(forward(x), "alibi_slopes must be f32");
+  t = p.alibi_slopes.desc;
+  t.ndim = 3;
+  expect_error(forward(x), "alibi_slopes must have shape");
+  t = p.alibi_slopes.desc;
+  t.strides[1] = 2;
+  expect_error(forward(x), "contiguous");
+  t = p.alibi_slopes.desc;
+  t.strides[0] = 1;  // rows overlap
+  expect_error(forward(x), "batch stride");
+  t = p.alibi_slopes.desc;
+  t.data = nullptr;
+  expect_error(forward(x), "null data pointer");
+  t = p.alibi_slopes.desc;
+  f32_at(p.alibi_slopes, 1) = std::numeric_limits<float>::quiet_NaN();
+  expect_error(forward(x), "alibi_slopes[1]");
+}
+
+TEST_F(ExtrasValidation, RejectsBadSinks) {
+  fa_extras x = p.extras();
+  fa_tensor t = p.sinks.desc;
+  x.sinks = &t;
+  t.shape[0] = 1;
+  expect_error(forward(x), "sinks has 1 x 1 entries, expected 2");
+  t = p.sinks.desc;
+  t.device = FA_DEVICE_CUDA;
+  expect_error(forward(x), "sinks must be on q's device");
+  t = p.sinks.desc;
+  f32_at(p.sinks, 0) = std::numeric_limits<float>::infinity();
+  expect_error(forward(x), "sinks[0]");
+}
+
+TEST_F(ExtrasValidation, TheBackwardNeedsDsinksExactlyWithSinks) {
+  fa_extras x = p.extras();
+  ASSERT_EQ(forward(x), FA_OK) << fa_last_error();
+  expect_error(backward(x), "dsinks is a null pointer");
+  x.dsinks = &dsinks.desc;
+  EXPECT_EQ(backward(x), FA_OK) << fa_last_error();
+  x.sinks = nullptr;
+  expect_error(backward(x), "dsinks is given but sinks is NULL");
+  x = p.extras();
+  x.dsinks = &dsinks.desc;
+  expect_error(forward(x), "dsinks is for fa_backward_ex only");
+}
+
+TEST_F(ExtrasValidation, ReservedMustBeZero) {
+  fa_extras x = p.extras();
+  x.reserved[7] = 1;
+  expect_error(forward(x), "reserved");
+}
+
+}  // namespace
+}  // namespace flashattn::testing
