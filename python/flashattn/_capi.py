@@ -173,6 +173,15 @@ class FaOptions(ctypes.Structure):
     ]
 
 
+class FaExtras(ctypes.Structure):
+    _fields_ = [
+        ("alibi_slopes", ctypes.POINTER(FaTensor)),
+        ("sinks", ctypes.POINTER(FaTensor)),
+        ("dsinks", ctypes.POINTER(FaTensor)),
+        ("reserved", ctypes.c_int32 * 8),
+    ]
+
+
 _P = ctypes.POINTER
 _SIGNATURES = {
     "fa_default_options": (FaOptions, []),
@@ -195,6 +204,12 @@ _SIGNATURES = {
                                    _P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
                                    _P(FaTensor), _P(FaVarlen), _P(FaOptions), ctypes.c_void_p,
                                    ctypes.c_size_t]),
+    "fa_forward_ex": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                     _P(FaTensor), _P(FaVarlen), _P(FaOptions), _P(FaExtras)]),
+    "fa_backward_ex": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                      _P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                      _P(FaTensor), _P(FaVarlen), _P(FaOptions), _P(FaExtras),
+                                      ctypes.c_void_p, ctypes.c_size_t]),
 }
 
 
@@ -612,6 +627,20 @@ class _Call:
         self.keep.append(d)
         return _fa_tensor(d, name, output=output)
 
+    def extras(self, alibi_slopes=None, sinks=None, dsinks=None):
+        """An FaExtras over the given tensors (None = off), or None when all are off."""
+        if alibi_slopes is None and sinks is None and dsinks is None:
+            return None
+        e = FaExtras()
+        if alibi_slopes is not None:
+            e.alibi_slopes = ctypes.pointer(self.tensor(alibi_slopes, "alibi_slopes"))
+        if sinks is not None:
+            e.sinks = ctypes.pointer(self.tensor(sinks, "sinks"))
+        if dsinks is not None:
+            e.dsinks = ctypes.pointer(self.tensor(dsinks, "dsinks", output=True))
+        self.keep.append(e)
+        return e
+
     @property
     def varlen_ptr(self):
         return ctypes.byref(self.varlen) if self.varlen is not None else None
@@ -627,8 +656,13 @@ def _common_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
 
 def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
             max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-            backend=None, stream=None, deterministic=False, num_threads=0) -> None:
+            backend=None, stream=None, deterministic=False, num_threads=0, alibi_slopes=None,
+            sinks=None) -> None:
     """out = softmax(scale * q k^T + mask) v, written into ``out``; logsumexp into ``lse``.
+
+    ``alibi_slopes``: float32 (heads_q,) or (batch, heads_q), scores -= slope * |i + seqlen_k -
+    seqlen_q - j|. ``sinks``: float32 (heads_q,), a logit per head in each row's softmax
+    denominator (no value); lse includes it. Both on q's device, None = off.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
     q, lse f32 (batch, heads_q, seqlen_q) or None. With cu_seqlens_q/k (int32, batch+1, on q's
@@ -640,10 +674,12 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
               causal, window_size, softcap, deterministic, backend, stream, num_threads)
     o = c.tensor(out, "out", output=True)
     lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
-    status = library().fa_forward(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
-                                  ctypes.byref(o),
-                                  ctypes.byref(lse_t) if lse_t is not None else None,
-                                  c.varlen_ptr, ctypes.byref(c.options))
+    extras = c.extras(alibi_slopes, sinks)
+    status = library().fa_forward_ex(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
+                                     ctypes.byref(o),
+                                     ctypes.byref(lse_t) if lse_t is not None else None,
+                                     c.varlen_ptr, ctypes.byref(c.options),
+                                     ctypes.byref(extras) if extras is not None else None)
     _check(status)
 
 
@@ -680,8 +716,12 @@ def backward_workspace_size(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, ma
 def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, deterministic=False, workspace=None,
-             backend=None, stream=None, num_threads=0) -> None:
+             backend=None, stream=None, num_threads=0, alibi_slopes=None, sinks=None,
+             dsinks=None) -> None:
     """Gradients dq, dk, dv (written in place) from dout and the forward's out and lse.
+
+    ``alibi_slopes`` and ``sinks`` as given to forward(); with sinks, ``dsinks`` (float32
+    (heads_q,)) receives their gradient.
 
     ``workspace``: None (the library allocates), a contiguous buffer on the tensors' device of
     at least backward_workspace_size() bytes (e.g. torch.empty(n, dtype=torch.uint8)), or a
@@ -715,8 +755,10 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
             raise InvalidArgumentError("workspace must live on the same device as q")
         ws_bytes = wd.nbytes
         ws_ptr = wd.ptr if ws_bytes > 0 else None
-    status = library().fa_backward(
+    extras = c.extras(alibi_slopes, sinks, dsinks)
+    status = library().fa_backward_ex(
         ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
         ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),
-        c.varlen_ptr, ctypes.byref(c.options), ws_ptr, ws_bytes)
+        c.varlen_ptr, ctypes.byref(c.options),
+        ctypes.byref(extras) if extras is not None else None, ws_ptr, ws_bytes)
     _check(status)

@@ -6,10 +6,15 @@ variants). PyTorch tensors go through flashattn._torch_ops (CPU and CUDA): an
 autograd function in eager mode, the custom ops under torch.compile; NumPy
 arrays (float32/float16) get the forward pass only, through the C ABI directly.
 
+ALiBi: alibi_slopes as in flash-attn 2.x (float32, (nheads,) or (batch, nheads);
+scores -= slope * |i + seqlen_k - seqlen_q - j|). Attention sinks (gpt-oss): the
+keyword sinks= (one logit per query head, joining each row's softmax
+denominator, no value); with torch, a tensor autograd differentiates.
+
 Not implemented (NotImplementedError, never ignored): dropout_p > 0,
-alibi_slopes, block_table. return_attn_probs=True returns
-(out, softmax_lse, S_dmask) like flash-attn; flash-attn only fills S_dmask when
-dropout_p > 0, which is not supported here, so S_dmask is always None.
+block_table. return_attn_probs=True returns (out, softmax_lse, S_dmask) like
+flash-attn; flash-attn only fills S_dmask when dropout_p > 0, which is not
+supported here, so S_dmask is always None.
 """
 
 import math
@@ -38,12 +43,10 @@ def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _check_unsupported(dropout_p, alibi_slopes, block_table=None):
+def _check_unsupported(dropout_p, block_table=None):
     if dropout_p != 0.0:
         raise NotImplementedError(
             f"flashattn does not implement dropout: dropout_p must be 0.0, got {dropout_p}")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn does not implement ALiBi: alibi_slopes must be None")
     if block_table is not None:
         raise NotImplementedError(
             "flashattn does not implement paged KV caches: block_table must be None")
@@ -83,7 +86,15 @@ def _result(out, lse, return_attn_probs):
     return (out, lse, None) if return_attn_probs else out
 
 
-def _numpy_forward(q, k, v, lse_shape, softmax_scale, causal, window, softcap, **varlen):
+def _sinks_f32(sinks):
+    """torch sinks as float32 (the cast stays on the autograd graph); others as given."""
+    if _is_torch(sinks) and sinks.dtype != torch.float32:
+        return sinks.float()
+    return sinks
+
+
+def _numpy_forward(q, k, v, lse_shape, softmax_scale, causal, window, softcap, alibi_slopes,
+                   sinks, **varlen):
     import numpy as np
     q, k, v = (np.asarray(t) for t in (q, k, v))
     head_dim = q.shape[-1]
@@ -91,54 +102,60 @@ def _numpy_forward(q, k, v, lse_shape, softmax_scale, causal, window, softcap, *
     out = np.empty(qp.shape, dtype=qp.dtype)
     lse = np.empty(lse_shape, dtype=np.float32)
     _capi.forward(qp, kp, vp, out, lse, softmax_scale=softmax_scale, causal=causal,
-                  window_size=window, softcap=softcap, **varlen)
+                  window_size=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                  **varlen)
     return out[..., :head_dim], lse
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
-    """Exact attention (flash-attn 2.x signature).
+                    return_attn_probs=False, *, sinks=None):
+    """Exact attention (flash-attn 2.x signature, plus the keyword sinks).
 
     q: (batch_size, seqlen_q, nheads, headdim); k, v: (batch_size, seqlen_k, nheads_k, headdim),
     nheads a multiple of nheads_k (MQA/GQA). causal masks are aligned to the bottom right
     corner of the attention matrix; window_size (left, right) keeps keys j with
     i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right (-1 = unbounded).
     softcap > 0 applies softcap * tanh(scores / softcap) before the softmax.
+    alibi_slopes (nheads,) or (batch_size, nheads) float32 adds -slope * |i + seqlen_k -
+    seqlen_q - j| to the scores (after softcap). sinks (nheads,) float32: a logit per head in
+    every row's softmax denominator (no value); softmax_lse includes it; differentiable.
 
     Returns out (batch_size, seqlen_q, nheads, headdim), or with return_attn_probs
     (out, softmax_lse (batch_size, nheads, seqlen_q) float32, S_dmask=None).
     """
-    _check_unsupported(dropout_p, alibi_slopes)
+    _check_unsupported(dropout_p)
     window = _window(window_size)
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
         out, lse = _torch_ops.attention(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
                                   bool(causal), window[0], window[1], float(softcap),
-                                  bool(deterministic))
+                                  bool(deterministic), alibi_slopes, _sinks_f32(sinks))
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
         return _result(out, lse, return_attn_probs)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
-    out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap)
+    out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap, alibi_slopes,
+                              sinks)
     return _result(out, lse, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
-    """Exact attention over variable-length sequences (flash-attn 2.x signature).
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           sinks=None):
+    """Exact attention over variable-length sequences (flash-attn 2.x signature, plus sinks).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k int32
     (batch_size + 1,) cumulative sequence lengths, on q's device; max_seqlen_q/k bound every
-    sequence. Masks as in flash_attn_func, per sequence.
+    sequence. Masks, alibi_slopes and sinks as in flash_attn_func, per sequence.
 
     Returns out (total_q, nheads, headdim), or with return_attn_probs
     (out, softmax_lse (nheads, total_q) float32, S_dmask=None).
     """
-    _check_unsupported(dropout_p, alibi_slopes, block_table)
+    _check_unsupported(dropout_p, block_table)
     window = _window(window_size)
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
@@ -146,54 +163,56 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out, lse = _torch_ops.varlen_attention(_pad_torch(q), _pad_torch(k), _pad_torch(v),
                                          cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                          int(max_seqlen_k), scale, bool(causal), window[0],
-                                         window[1], float(softcap), bool(deterministic))
+                                         window[1], float(softcap), bool(deterministic),
+                                         alibi_slopes, _sinks_f32(sinks))
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
         return _result(out, lse, return_attn_probs)
     lse_shape = (q.shape[1], q.shape[0])
-    out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap,
-                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap, alibi_slopes,
+                              sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     return _result(out, lse, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *, sinks=None):
     """qkv: (batch_size, seqlen, 3, nheads, headdim). See flash_attn_func."""
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
-                           return_attn_probs)
+                           return_attn_probs, sinks=sinks)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *, sinks=None):
     """q: (batch_size, seqlen_q, nheads, headdim); kv: (batch_size, seqlen_k, 2, nheads_k,
     headdim). See flash_attn_func."""
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
-                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                           sinks=sinks)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, sinks=None):
     """qkv: (total, 3, nheads, headdim). See flash_attn_varlen_func."""
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+                                    return_attn_probs=False, *, sinks=None):
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim).
     See flash_attn_varlen_func."""
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, sinks=sinks)
