@@ -20,7 +20,8 @@ fa_status cuda_error(cudaError_t err, const char* what) {
   return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-fa_status check_device_pointer(const void* ptr, const char* name, int device_index) {
+fa_status check_device_pointer(const void* ptr, const char* name, int device_index,
+                               uintptr_t alignment = kAlignmentBytes) {
   if (ptr == nullptr) return FA_OK;  // empty tensors
   cudaPointerAttributes attr{};
   cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
@@ -37,9 +38,9 @@ fa_status check_device_pointer(const void* ptr, const char* name, int device_ind
                                                std::to_string(attr.device) + ", not cuda:" +
                                                std::to_string(device_index));
   }
-  if (reinterpret_cast<uintptr_t>(ptr) % kAlignmentBytes != 0) {
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                std::string(name) + " must be 16-byte aligned for the CUDA kernels");
+  if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " must be " + std::to_string(alignment) +
+                                               "-byte aligned for the CUDA kernels");
   }
   return FA_OK;
 }
@@ -99,14 +100,12 @@ fa_status check_common(const AttentionParams& p) {
   return FA_OK;
 }
 
-// ALiBi and sinks: the CUDA kernels do not run them yet (docs/variants.md).
+// The extras' tensors (fa_extras) live on the device too; the kernels read
+// them one f32 at a time.
 fa_status check_extras(const AttentionParams& p) {
-  if (p.has_alibi() || p.has_sinks()) {
-    return fail(FA_ERROR_UNSUPPORTED, std::string("the CUDA kernels do not implement ") +
-                                          (p.has_alibi() ? "ALiBi (alibi_slopes)" : "attention sinks") +
-                                          " yet; use the CPU backend");
-  }
-  return FA_OK;
+  FA_RETURN_IF_ERROR(check_device_pointer(p.alibi_slopes, "alibi_slopes", p.device_index, sizeof(float)));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.sinks, "sinks", p.device_index, sizeof(float)));
+  return check_device_pointer(p.dsinks, "dsinks", p.device_index, sizeof(float));
 }
 
 }  // namespace
