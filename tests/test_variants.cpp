@@ -10,6 +10,7 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "common/variants_check.h"
+#include "attention/philox.h"
 #include "core/extras.h"
 
 namespace flashattn::testing {
@@ -296,6 +297,27 @@ TEST_F(ExtrasValidation, ReservedMustBeZero) {
   fa_extras x = p.extras();
   x.reserved[7] = 1;
   expect_error(forward(x), "reserved");
+}
+
+// Random123's known-answer vectors for Philox4x32-10 (its tests/kat_vectors):
+// zeros, all ones, and the digits of pi.
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  struct Kat {
+    Philox4x32 counter;
+    uint32_t k0, k1;
+    Philox4x32 want;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
+      {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu,
+       {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}}},
+      {{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u,
+       {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
+  };
+  for (const Kat& k : kats) {
+    const Philox4x32 got = philox4x32_10(k.counter, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.x[i], k.want.x[i]) << "word " << i;
+  }
 }
 
 }  // namespace
