@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "common/harness.h"
 #include "common/suites.h"
@@ -62,6 +63,10 @@ TEST_P(CpuVariants, BackwardMatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Suite, CpuVariants,
                          ::testing::ValuesIn(variants_suite({FA_F32, FA_F16, FA_BF16}, suite_head_dims())),
+                         [](const auto& info) { return info.param.name(); });
+
+INSTANTIATE_TEST_SUITE_P(Dropout, CpuVariants,
+                         ::testing::ValuesIn(dropout_suite({FA_F32, FA_F16, FA_BF16}, suite_head_dims())),
                          [](const auto& info) { return info.param.name(); });
 
 // L = sum(out * dout) by the float64 reference.
@@ -297,6 +302,152 @@ TEST_F(ExtrasValidation, ReservedMustBeZero) {
   fa_extras x = p.extras();
   x.reserved[7] = 1;
   expect_error(forward(x), "reserved");
+}
+
+// The keep mask as fa_dropout_mask shows it: (batch, heads, seqlen_q, seqlen_k) f32.
+HostTensor dropout_mask_of(const Problem& p) {
+  HostTensor m;
+  m.desc.dtype = FA_F32;
+  m.desc.device = FA_DEVICE_CPU;
+  m.desc.ndim = 4;
+  const int64_t shape[] = {p.c.batch, p.c.heads_q, p.c.seqlen_q, p.c.seqlen_k};
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    m.desc.shape[i] = shape[i];
+    m.desc.strides[i] = stride;
+    stride *= shape[i];
+  }
+  m.bytes.assign(static_cast<size_t>(stride) * sizeof(float), 0);
+  m.rebind();
+  const fa_extras x = p.extras();
+  if (fa_dropout_mask(&x, &m.desc) != FA_OK) throw std::runtime_error(fa_last_error());
+  return m;
+}
+
+// Kept fraction within 6 standard deviations of the binomial's mean, values
+// exactly 0 or 1 / (1 - p), and another offset gives another mask.
+TEST(Dropout, MaskKeepsOneMinusPWithinBinomialBounds) {
+  for (float drop : {0.1f, 0.17f, 0.5f, 0.9f}) {
+    Case c = make_case(FA_F32, 128, 257, 8, 3);
+    c.batch = 2;
+    c.heads_q = c.heads_kv = 4;
+    c.dropout_p = drop;
+    const Problem p = make_problem(c);
+    const HostTensor m = dropout_mask_of(p);
+    const float* z = reinterpret_cast<const float*>(m.bytes.data());
+    const size_t n = m.bytes.size() / sizeof(float);
+    const float scale = 1.0f / (1.0f - drop);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(z[i] == 0.0f || z[i] == scale) << z[i];
+      kept += z[i] != 0.0f;
+    }
+    const double mean = n * (1.0 - drop), sd = std::sqrt(n * drop * (1.0 - drop));
+    EXPECT_LE(std::abs(static_cast<double>(kept) - mean), 6.0 * sd) << "p " << drop << ": kept " << kept << " of " << n;
+
+    fa_extras other = p.extras();
+    other.dropout_offset += 4;
+    HostTensor m2 = m;
+    m2.rebind();
+    ASSERT_EQ(fa_dropout_mask(&other, &m2.desc), FA_OK);
+    size_t same = 0;
+    const float* z2 = reinterpret_cast<const float*>(m2.bytes.data());
+    for (size_t i = 0; i < n; ++i) same += z[i] == z2[i];
+    const double agree = drop * drop + (1 - drop) * (1 - drop);  // two independent masks
+    EXPECT_LE(std::abs(same - n * agree), 6.0 * std::sqrt(n * agree * (1 - agree))) << "p " << drop;
+  }
+}
+
+// The forward applies the mask fa_dropout_mask shows: out = sum_j P_ij z_ij V_j
+// with P the softmax without dropout (from the reference at p = 0).
+TEST(Dropout, ForwardAppliesTheVisibleMask) {
+  Case c = make_case(FA_F32, 37, 53, 16, 21);
+  c.causal = true;
+  c.dropout_p = 0.3f;
+  const Problem p = make_problem(c);
+  Case plain_case = c;
+  plain_case.dropout_p = 0.0f;
+  const Problem plain = make_problem(plain_case);  // same seed: same q, k, v
+  const AttentionParams params = plain.host_params();
+  const HostTensor m = dropout_mask_of(p);
+  const fa_options o = cpu_options(p);
+  const fa_extras x = p.extras();
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
+  const reference::ForwardResult r = reference::forward(params, reference::Precision::kFloat64);
+  const float* z = reinterpret_cast<const float*>(m.bytes.data());
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 37; ++i) {
+      const double lse_i = r.lse[static_cast<size_t>(h) * 37 + i];
+      EXPECT_NEAR(reinterpret_cast<const float*>(lse.bytes.data())[h * 37 + i], lse_i, 1e-4);
+      for (int col = 0; col < 16; col += 5) {
+        double want = 0;
+        for (int j = 0; j <= i + 53 - 37; ++j) {
+          double dot = 0;
+          for (int e = 0; e < 16; ++e) dot += read_row_element(p.q, i, h, e) * read_row_element(p.k, j, h, e);
+          want += std::exp(dot * params.scale - lse_i) * z[(h * 37 + i) * 53 + j] * read_row_element(p.v, j, h, col);
+        }
+        EXPECT_NEAR(read_row_element(out, i, h, col), want, 2e-5) << "row " << i << " head " << h;
+      }
+    }
+  }
+}
+
+// The backward regenerates the forward's mask from (seed, offset): with the
+// same values its gradients match the reference, with another offset they do not.
+TEST(Dropout, BackwardNeedsTheForwardsSeedAndOffset) {
+  Case c = make_case(FA_F32, 57, 71, 32, 8);
+  c.dropout_p = 0.25f;
+  const Problem p = make_problem(c);
+  const fa_options o = cpu_options(p);
+  const fa_extras x = p.extras();
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
+  const Expected e = expected_all(p);
+  for (uint64_t shift : {uint64_t{0}, uint64_t{4}}) {
+    fa_extras bx = x;
+    bx.dropout_offset += shift;
+    HostTensor dq = p.poisoned_like_q(), dk = p.poisoned_like_k(), dv = p.poisoned_like_k();
+    ASSERT_EQ(fa_backward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &p.dout.desc, &lse.desc, &dq.desc,
+                             &dk.desc, &dv.desc, nullptr, &o, &bx, nullptr, 0),
+              FA_OK);
+    const Comparison cv = compare_rows(dv, e.exact_grad.dv, e.naive_grad.dv, default_atol(FA_F32));
+    EXPECT_EQ(cv.ok, shift == 0) << cv.describe("dv");
+  }
+}
+
+// The reference's dropout backward by central differences (the mask is fixed
+// by the seed, so L is smooth in q).
+TEST(ReferenceVariants, DropoutGradientMatchesFiniteDifferences) {
+  Case c = make_case(FA_F32, 29, 41, 16, 31);
+  c.causal = true;
+  c.softcap = 4.0f;
+  c.sinks = true;
+  c.dropout_p = 0.4f;
+  Problem p = make_problem(c);
+  const reference::BackwardResult g = reference::backward(p.host_params(), reference::Precision::kFloat64);
+  float* q = reinterpret_cast<float*>(p.q.bytes.data());
+  for (int row : {0, 13, 28}) {
+    for (int h : {0, 1}) {
+      const int col = 3;
+      const int64_t off = row * p.q.desc.strides[1] + h * p.q.desc.strides[2] + col;
+      const double fd = central_difference(p, q[off], 1e-2f);
+      const double an = g.dq[(static_cast<size_t>(row) * 2 + h) * 16 + col];
+      EXPECT_NEAR(an, fd, 1e-5 * (1.0 + std::abs(fd))) << "row " << row << " head " << h;
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const double fd = central_difference(p, f32_at(p.sinks, h), 1e-2f);
+    EXPECT_NEAR(g.dsinks[h], fd, 1e-5 * (1.0 + std::abs(fd))) << "head " << h;
+  }
+}
+
+TEST_F(ExtrasValidation, RejectsBadDropout) {
+  fa_extras x = p.extras();
+  for (float bad : {-0.1f, 1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    x.dropout_p = bad;
+    expect_error(forward(x), "dropout_p must be in [0, 1)");
+  }
 }
 
 // Random123's known-answer vectors for Philox4x32-10 (its tests/kat_vectors):

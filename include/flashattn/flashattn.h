@@ -97,11 +97,19 @@ typedef struct fa_options {
  *                 denominator and carries no value (gpt-oss): the lse includes it,
  *                 and a row that sees no key gets out 0 and lse = sink.
  *   dsinks:       fa_backward_ex only, required when sinks is given, (heads_q):
- *                 overwritten with the gradient of the loss w.r.t. sinks. */
+ *                 overwritten with the gradient of the loss w.r.t. sinks.
+ *   dropout_p:    in [0, 1); each attention probability is dropped with this
+ *                 probability and the kept ones scaled by 1 / (1 - p) (the lse is
+ *                 the one before dropout). The keep bits are Philox4x32-10 of the
+ *                 element's coordinates under (dropout_seed, dropout_offset): give
+ *                 the backward the forward's values. fa_dropout_mask shows them. */
 typedef struct fa_extras {
   const fa_tensor* alibi_slopes;
   const fa_tensor* sinks;
   fa_tensor* dsinks;
+  float dropout_p;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
   int32_t reserved[8];  /* zero; room to grow without breaking the ABI */
 } fa_extras;
 
@@ -166,6 +174,13 @@ FA_API fa_status fa_backward_ex(const fa_tensor* q, const fa_tensor* k, const fa
                                 fa_tensor* dq, fa_tensor* dk, fa_tensor* dv,
                                 const fa_varlen* varlen, const fa_options* options,
                                 const fa_extras* extras, void* workspace, size_t workspace_bytes);
+
+/* The dropout factors the kernels use for these extras (dropout_p, seed,
+ * offset): mask is f32 (batch, heads_q, seqlen_q, seqlen_k) on the host, and
+ * element (b, h, i, j) gets 1 / (1 - dropout_p) where the probability of query
+ * row i for key j of sequence b is kept, 0 where it is dropped (for variable
+ * length batches, i and j count within sequence b). For tests and debugging. */
+FA_API fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -178,6 +178,9 @@ class FaExtras(ctypes.Structure):
         ("alibi_slopes", ctypes.POINTER(FaTensor)),
         ("sinks", ctypes.POINTER(FaTensor)),
         ("dsinks", ctypes.POINTER(FaTensor)),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
         ("reserved", ctypes.c_int32 * 8),
     ]
 

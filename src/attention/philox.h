@@ -39,7 +39,7 @@ FA_HOST_DEVICE Philox4x32 round(const Philox4x32& c, uint32_t k0, uint32_t k1) {
 
 // Philox4x32-10 of counter c under key (k0, k1).
 FA_HOST_DEVICE Philox4x32 philox4x32_10(Philox4x32 c, uint32_t k0, uint32_t k1) {
-#pragma unroll
+FA_UNROLL
   for (int r = 0; r < philox::kRounds; ++r) {
     c = philox::round(c, k0, k1);
     k0 += philox::kW0;

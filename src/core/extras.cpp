@@ -1,6 +1,7 @@
 #include "core/extras.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,30 @@ fa_status apply_sinks(const fa_extras& e, const fa_tensor& q, Pass pass, Attenti
   return FA_OK;
 }
 
+// The (batch, heads_q, seqlen_q, seqlen_k) f32 host tensor fa_dropout_mask fills.
+fa_status check_mask_tensor(const fa_tensor* m) {
+  if (m == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "mask is a null pointer");
+  if (m->ndim != 4 || m->dtype != FA_F32 || m->device != FA_DEVICE_CPU) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "mask must be an f32 host tensor of shape (batch, heads_q, seqlen_q, seqlen_k)");
+  }
+  int64_t max_offset = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (m->shape[i] < 0 || m->shape[i] > std::numeric_limits<int32_t>::max() || m->strides[i] < 0) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, "mask has a negative or too large dimension or stride");
+    }
+    int64_t term = 0;
+    if (m->shape[i] > 0 && (__builtin_mul_overflow(m->shape[i] - 1, m->strides[i], &term) ||
+                            __builtin_add_overflow(max_offset, term, &max_offset))) {
+      return fail(FA_ERROR_INVALID_ARGUMENT, "mask has strides whose offsets overflow 64-bit indexing");
+    }
+  }
+  if (m->data == nullptr && m->shape[0] * m->shape[1] * m->shape[2] * m->shape[3] != 0) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "mask has a null data pointer");
+  }
+  return FA_OK;
+}
+
 }  // namespace
 
 fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, AttentionParams* p) {
@@ -110,9 +135,37 @@ fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, A
                 pass == Pass::kForward ? "dsinks is for fa_backward_ex only; pass NULL to the forward"
                                        : "dsinks is given but sinks is NULL");
   }
+  if (!(extras->dropout_p >= 0.0f && extras->dropout_p < 1.0f)) {
+    return fail(FA_ERROR_INVALID_ARGUMENT,
+                "dropout_p must be in [0, 1), got " + std::to_string(extras->dropout_p));
+  }
+  p->dropout = Dropout::make(extras->dropout_p, extras->dropout_seed, extras->dropout_offset);
   if (extras->alibi_slopes != nullptr) FA_RETURN_IF_ERROR(apply_alibi(extras->alibi_slopes, q, p));
   if (extras->sinks != nullptr) FA_RETURN_IF_ERROR(apply_sinks(*extras, q, pass, p));
   return FA_OK;
 }
 
 }  // namespace flashattn
+
+extern "C" fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask) {
+  using namespace flashattn;
+  clear_error();
+  if (extras == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "extras is a null pointer");
+  if (!(extras->dropout_p >= 0.0f && extras->dropout_p < 1.0f)) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p must be in [0, 1), got " + std::to_string(extras->dropout_p));
+  }
+  FA_RETURN_IF_ERROR(check_mask_tensor(mask));
+  const Dropout d = Dropout::make(extras->dropout_p, extras->dropout_seed, extras->dropout_offset);
+  const int64_t* n = mask->shape;
+  const int64_t* st = mask->strides;
+  float* out = static_cast<float*>(mask->data);
+  for (int64_t b = 0; b < n[0]; ++b)
+    for (int64_t h = 0; h < n[1]; ++h)
+      for (int64_t i = 0; i < n[2]; ++i)
+        for (int64_t j = 0; j < n[3]; ++j) {
+          const int bh = static_cast<int>(b * n[1] + h);
+          out[b * st[0] + h * st[1] + i * st[2] + j * st[3]] =
+              d.enabled() ? d.factor(bh, static_cast<int>(i), static_cast<int>(j)) : 1.0f;
+        }
+  return FA_OK;
+}

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "attention/dropout.h"
 #include "attention/host_device.h"
 #include "flashattn/flashattn.h"
 
@@ -73,6 +74,7 @@ struct AttentionParams {
   int64_t alibi_batch_stride = 0;
   const float* sinks = nullptr;
   float* dsinks = nullptr;
+  Dropout dropout;  // off unless fa_extras.dropout_p > 0 (attention/dropout.h)
 
   void* stream = nullptr;  // cudaStream_t
   int num_threads = 0;     // CPU backend
@@ -86,6 +88,7 @@ struct AttentionParams {
 
   FA_HOST_DEVICE bool has_alibi() const { return alibi_slopes != nullptr; }
   FA_HOST_DEVICE bool has_sinks() const { return sinks != nullptr; }
+  FA_HOST_DEVICE bool has_dropout() const { return dropout.enabled(); }
   FA_HOST_DEVICE float alibi_slope(int b, int h) const {
     return alibi_slopes[b * alibi_batch_stride + h];
   }

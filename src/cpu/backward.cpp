@@ -75,10 +75,11 @@ void compute_dsinks(const AttentionParams& p, const float* row_d) {
 }
 
 // For a (query tile, key tile) pair with Q, dO, K^T, V^T, lse and D loaded:
-// s <- P = exp(S - lse) (0 where masked or the row sees nothing),
-// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T.
+// s <- P z = exp(S - lse) z (0 where masked or the row sees nothing; z the
+// dropout factor, 1 without), dp <- dS = P * (z dP - D) * softcap'(S) * scale,
+// with dP = dO V^T; bh = b * heads_q + h (the dropout coordinates).
 void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
-                        int q0, int rows, int k0, int cols, BackwardScratch& w) {
+                        int bh, int q0, int rows, int k0, int cols, BackwardScratch& w) {
   const int d = p.head_dim;
   matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());  // S = scale * Q K^T
   for (int i = 0; i < rows * kBlockK; ++i) w.s[i] *= p.scale;
@@ -102,10 +103,15 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const 
       }
     }
     exp_shifted(s, w.lse[i]);  // P = exp(S - lse); masked scores (-inf) give 0
+    // Dropout (attention/dropout.h): dS = P (z dP - D), and dV takes P z.
+    float z[kBlockK];
+    if (p.has_dropout()) dropout_factors(p.dropout, bh, q0 + i, k0, z);
     for (int j = 0; j < kBlockK; ++j) {
-      float ds = s[j] * (dp[j] - w.row_d[i]);
+      const float zj = p.has_dropout() ? z[j] : 1.0f;
+      float ds = s[j] * (dp[j] * zj - w.row_d[i]);
       if (p.softcap > 0) ds *= softcap_grad[j];
       dp[j] = ds * p.scale;
+      s[j] *= zj;
     }
   }
 }
@@ -151,7 +157,7 @@ void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, 
     for (int q0 = q_begin / kBlockQ * kBlockQ; q0 < q_end; q0 += kBlockQ) {
       const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
       load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
-      recompute_p_and_ds(p, mask, alibi, q0, rows, k0, cols, w);
+      recompute_p_and_ds(p, mask, alibi, b * p.heads_q + h, q0, rows, k0, cols, w);
       // dV += P^T dO ; dK += dS^T Q (the transposes make them the forward's P V product)
       transpose_tile(w.s.data(), rows, w.pt.data());
       transpose_tile(w.dp.data(), rows, w.dst.data());
@@ -184,7 +190,7 @@ void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int
     load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
     load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
     load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data());
-    recompute_p_and_ds(p, mask, alibi, q0, rows, k0, cols, w);
+    recompute_p_and_ds(p, mask, alibi, b * p.heads_q + h, q0, rows, k0, cols, w);
     matmul_acc_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data());
   }
   store_rows(p, p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, seq.row_q, q0, rows,

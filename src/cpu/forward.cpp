@@ -76,6 +76,11 @@ void forward_tile(const AttentionParams& p, int b, int h, int q_tile, ForwardScr
       const float correction = std::exp(w.row_max[i] - m_new);
       const float sum = exp_shifted(si, m_new);
       w.row_sum[i] = w.row_sum[i] * correction + sum;
+      if (p.has_dropout()) {  // after the sum: l is the normalizer before dropout
+        float z[kBlockK];
+        dropout_factors(p.dropout, b * p.heads_q + h, q0 + i, k0, z);
+        for (int j = 0; j < kBlockK; ++j) si[j] *= z[j];
+      }
       w.row_max[i] = m_new;
       float* acc = &w.acc[i * d];
       for (int c = 0; c < d; ++c) acc[c] *= correction;

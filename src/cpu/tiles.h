@@ -115,6 +115,16 @@ inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, cons
       if (j >= cols || !mask.visible(q0 + i, k0 + j)) s[i * kBlockK + j] = kNegInf;
 }
 
+// z[j] = the dropout factor of row i for keys k0 .. k0 + kBlockK - 1 (1 / (1 - p)
+// kept, 0 dropped; attention/dropout.h), one Philox call per 4 keys.
+inline void dropout_factors(const Dropout& d, int bh, int i, int k0, float* z) {
+  static_assert(kBlockK % 4 == 0, "keys in groups of 4");
+  for (int j = 0; j < kBlockK; j += 4) {
+    const unsigned bits = d.keep4(bh, i, (k0 + j) >> 2);
+    for (int e = 0; e < 4; ++e) z[j + e] = (bits >> e) & 1u ? d.scale : 0.0f;
+  }
+}
+
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace flashattn::cpu

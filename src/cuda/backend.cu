@@ -101,8 +101,12 @@ fa_status check_common(const AttentionParams& p) {
 }
 
 // The extras' tensors (fa_extras) live on the device too; the kernels read
-// them one f32 at a time.
+// them one f32 at a time. Dropout runs on the CPU backend only for now.
 fa_status check_extras(const AttentionParams& p) {
+  if (p.has_dropout()) {
+    return fail(FA_ERROR_UNSUPPORTED, "dropout (dropout_p > 0) is not implemented in the CUDA kernels yet; "
+                                      "use the CPU backend");
+  }
   FA_RETURN_IF_ERROR(check_device_pointer(p.alibi_slopes, "alibi_slopes", p.device_index, sizeof(float)));
   FA_RETURN_IF_ERROR(check_device_pointer(p.sinks, "sinks", p.device_index, sizeof(float)));
   return check_device_pointer(p.dsinks, "dsinks", p.device_index, sizeof(float));

@@ -85,6 +85,15 @@ double sink_of(const AttentionParams& p, int h) {
   return p.has_sinks() ? static_cast<double>(p.sinks[h]) : kNegInf;
 }
 
+// The dropout factor z_ij of (sequence b, head h): 1/(1-p) kept, 0 dropped,
+// 1 without dropout. The keep bits are the library's (attention/dropout.h: the
+// RNG is part of the definition); what is done with them is written out here.
+double dropout_factor(const AttentionParams& p, int b, int h, int i, int j) {
+  if (!p.has_dropout()) return 1.0;
+  return p.dropout.keep(b * p.heads_q + h, i, j) ? 1.0 / (1.0 - static_cast<double>(p.dropout.threshold) / 4294967296.0)
+                                                 : 0.0;
+}
+
 double slope_of(const AttentionParams& p, int b, int h) {
   return p.has_alibi() ? static_cast<double>(p.alibi_slope(b, h)) : 0.0;
 }
@@ -124,7 +133,7 @@ ForwardResult forward(const AttentionParams& p, Precision precision, int row_str
       r.lse[static_cast<size_t>(h) * p.total_q + row] = softmax_row(s, seq.seqlen_k, sink, prob);
       double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
       for (int j = 0; j < seq.seqlen_k; ++j) {
-        const double pj = round(prob[j]);
+        const double pj = round(round(prob[j]) * dropout_factor(p, b, h, i, j));
         if (pj == 0) continue;
         for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
       }
@@ -167,11 +176,11 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
         const double* doi = &dout[static_cast<size_t>(i) * d];
         if (score_row(p, mask, slope, round, qi, k, i, s, capped) == 0) continue;  // no key: zero gradients
         const double lse = softmax_row(s, sk, sink, prob);
-        // dP = dO V^T ; D = rowsum(P * dP) (= rowsum(dO * O))
+        // dP = dO V^T, through dropout z dP; D = rowsum(P * z * dP) (= rowsum(dO * O))
         double row_d = 0;
         for (int j = 0; j < sk; ++j) {
           prob[j] = round(prob[j]);
-          dp[j] = prob[j] == 0 ? 0.0 : round(dot(doi, &v[static_cast<size_t>(j) * d], d));
+          dp[j] = prob[j] == 0 ? 0.0 : round(dot(doi, &v[static_cast<size_t>(j) * d], d) * dropout_factor(p, b, h, i, j));
           row_d += prob[j] * dp[j];
         }
         // The sink's probability exp(sink - lse); d lse / d sink = P_sink, so
@@ -190,10 +199,11 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
           }
           ds = round(ds * p.scale);
           const double* kj = &k[static_cast<size_t>(j) * d];
+          const double dropped_prob = round(prob[j] * dropout_factor(p, b, h, i, j));
           for (int c = 0; c < d; ++c) {
             dqi[c] += ds * kj[c];
             dk[static_cast<size_t>(j) * d + c] += ds * qi[c];
-            dv[static_cast<size_t>(j) * d + c] += prob[j] * doi[c];
+            dv[static_cast<size_t>(j) * d + c] += dropped_prob * doi[c];
           }
         }
         for (int c = 0; c < d; ++c) dqi[c] = round(dqi[c]);

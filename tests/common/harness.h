@@ -41,6 +41,7 @@ struct Case {
   enum class Alibi { kOff, kPerHead, kPerBatchHead };
   Alibi alibi = Alibi::kOff;
   bool sinks = false;
+  float dropout_p = 0.0f;  // with seed `seed` and offset 7 (fa_extras)
   uint64_t seed = 1;
 
   bool is_varlen() const { return !varlen_q.empty(); }
