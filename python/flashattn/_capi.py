@@ -213,6 +213,7 @@ _SIGNATURES = {
                                       _P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
                                       _P(FaTensor), _P(FaVarlen), _P(FaOptions), _P(FaExtras),
                                       ctypes.c_void_p, ctypes.c_size_t]),
+    "fa_dropout_mask": (ctypes.c_int, [_P(FaExtras), _P(FaTensor)]),
 }
 
 
@@ -630,11 +631,13 @@ class _Call:
         self.keep.append(d)
         return _fa_tensor(d, name, output=output)
 
-    def extras(self, alibi_slopes=None, sinks=None, dsinks=None):
-        """An FaExtras over the given tensors (None = off), or None when all are off."""
-        if alibi_slopes is None and sinks is None and dsinks is None:
+    def extras(self, alibi_slopes=None, sinks=None, dsinks=None, dropout=None):
+        """An FaExtras over the given tensors (None = off) and dropout (None, or
+        (p, seed, offset)), or None when all are off."""
+        dropping = dropout is not None and dropout[0] > 0
+        if alibi_slopes is None and sinks is None and dsinks is None and not dropping:
             return None
-        e = FaExtras()
+        e = _dropout_extras(dropout)
         if alibi_slopes is not None:
             e.alibi_slopes = ctypes.pointer(self.tensor(alibi_slopes, "alibi_slopes"))
         if sinks is not None:
@@ -649,6 +652,27 @@ class _Call:
         return ctypes.byref(self.varlen) if self.varlen is not None else None
 
 
+def _dropout_extras(dropout) -> FaExtras:
+    """An FaExtras with only the dropout fields set (dropout: None or (p, seed, offset))."""
+    e = FaExtras()
+    if dropout:
+        p, seed, offset = dropout
+        e.dropout_p = float(p)
+        e.dropout_seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        e.dropout_offset = int(offset) & 0xFFFFFFFFFFFFFFFF
+    return e
+
+
+def dropout_mask(mask, dropout_p, seed, offset) -> None:
+    """Writes the dropout factors the kernels use for (dropout_p, seed, offset) into ``mask``,
+    a float32 host array (batch, heads_q, seqlen_q, seqlen_k): 1 / (1 - dropout_p) where the
+    probability of (sequence b, head h, row i, key j) is kept, 0 where it is dropped."""
+    d = _describe(mask, "mask")
+    t = _fa_tensor(d, "mask", output=True)
+    e = _dropout_extras((dropout_p, seed, offset))
+    _check(library().fa_dropout_mask(ctypes.byref(e), ctypes.byref(t)))
+
+
 def _common_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                    causal, window_size, softcap, deterministic, backend, stream, num_threads):
     return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -660,12 +684,14 @@ def _common_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
 def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
             max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             backend=None, stream=None, deterministic=False, num_threads=0, alibi_slopes=None,
-            sinks=None) -> None:
+            sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> None:
     """out = softmax(scale * q k^T + mask) v, written into ``out``; logsumexp into ``lse``.
 
     ``alibi_slopes``: float32 (heads_q,) or (batch, heads_q), scores -= slope * |i + seqlen_k -
     seqlen_q - j|. ``sinks``: float32 (heads_q,), a logit per head in each row's softmax
-    denominator (no value); lse includes it. Both on q's device, None = off.
+    denominator (no value); lse includes it. Both on q's device, None = off. ``dropout_p`` > 0
+    drops attention probabilities by Philox bits of (dropout_seed, dropout_offset) (the CPU
+    backend only for now); the backward needs the same three values.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
     q, lse f32 (batch, heads_q, seqlen_q) or None. With cu_seqlens_q/k (int32, batch+1, on q's
@@ -677,7 +703,7 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
               causal, window_size, softcap, deterministic, backend, stream, num_threads)
     o = c.tensor(out, "out", output=True)
     lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
-    extras = c.extras(alibi_slopes, sinks)
+    extras = c.extras(alibi_slopes, sinks, dropout=(dropout_p, dropout_seed, dropout_offset))
     status = library().fa_forward_ex(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
                                      ctypes.byref(o),
                                      ctypes.byref(lse_t) if lse_t is not None else None,
@@ -720,11 +746,11 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
              max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, deterministic=False, workspace=None,
              backend=None, stream=None, num_threads=0, alibi_slopes=None, sinks=None,
-             dsinks=None) -> None:
+             dsinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> None:
     """Gradients dq, dk, dv (written in place) from dout and the forward's out and lse.
 
-    ``alibi_slopes`` and ``sinks`` as given to forward(); with sinks, ``dsinks`` (float32
-    (heads_q,)) receives their gradient.
+    ``alibi_slopes``, ``sinks`` and the dropout arguments as given to forward(); with sinks,
+    ``dsinks`` (float32 (heads_q,)) receives their gradient.
 
     ``workspace``: None (the library allocates), a contiguous buffer on the tensors' device of
     at least backward_workspace_size() bytes (e.g. torch.empty(n, dtype=torch.uint8)), or a
@@ -758,7 +784,7 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
             raise InvalidArgumentError("workspace must live on the same device as q")
         ws_bytes = wd.nbytes
         ws_ptr = wd.ptr if ws_bytes > 0 else None
-    extras = c.extras(alibi_slopes, sinks, dsinks)
+    extras = c.extras(alibi_slopes, sinks, dsinks, dropout=(dropout_p, dropout_seed, dropout_offset))
     status = library().fa_backward_ex(
         ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
         ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),

@@ -6,18 +6,19 @@ ops have fake (meta) implementations for torch.compile and an autograd formula
 that calls the backward ops, so gradients flow through loss.backward() and
 torch.compile(fullgraph=True) traces them without graph breaks.
 
-Ops (alibi_slopes, sinks: optional float32 tensors, see flashattn._capi.forward):
+Ops (alibi_slopes, sinks: optional float32 tensors; dropout_p, dropout_seed,
+dropout_offset: see flashattn._capi.forward; EXTRAS below stands for
+alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
   flashattn::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                 deterministic, alibi_slopes=None, sinks=None) -> (out, lse)
+                 deterministic, EXTRAS) -> (out, lse)
   flashattn::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-                 softcap, deterministic, alibi_slopes=None, sinks=None) -> (dq, dk, dv, dsinks)
+                 softcap, deterministic, EXTRAS) -> (dq, dk, dv, dsinks)
   flashattn::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         softmax_scale, causal, window_left, window_right, softcap,
-                        deterministic, alibi_slopes=None, sinks=None) -> (out, lse)
+                        deterministic, EXTRAS) -> (out, lse)
   flashattn::varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                        softcap, deterministic, alibi_slopes=None, sinks=None)
-                        -> (dq, dk, dv, dsinks)
+                        softcap, deterministic, EXTRAS) -> (dq, dk, dv, dsinks)
 dsinks is float32 (heads_q,), or an empty tensor when sinks is None (an op output cannot
 be None). The sinks are differentiable through the forward ops' autograd formula.
 
@@ -83,7 +84,7 @@ def _varlen_kwargs(varlen):
 
 
 def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-             varlen=None, alibi_slopes=None, sinks=None):
+             varlen=None, alibi_slopes=None, sinks=None, dropout=None):
     q, k, v = _prep(q), _prep(k), _prep(v)
     out = _empty_like_shape(q)
     if varlen is None:  # lse (batch, heads_q, seqlen_q)
@@ -93,10 +94,18 @@ def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     with _device_guard(q):
         _capi.forward(q, k, v, out, lse, **_varlen_kwargs(varlen),
-                      alibi_slopes=_extra(alibi_slopes), sinks=_extra(sinks),
+                      alibi_slopes=_extra(alibi_slopes), sinks=_extra(sinks), **_dropout_kwargs(dropout),
                       **_opts(softmax_scale, causal, window_left, window_right, softcap,
                               deterministic))
     return out, lse
+
+
+def _dropout_kwargs(dropout):
+    """dropout: None or (p, seed, offset) -> the library's keyword arguments."""
+    if dropout is None:
+        return {}
+    p, seed, offset = dropout
+    return dict(dropout_p=float(p), dropout_seed=int(seed), dropout_offset=int(offset))
 
 
 def _extra(x):
@@ -111,7 +120,7 @@ def _dsinks_like(q, sinks):
 
 
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic, varlen=None, alibi_slopes=None, sinks=None):
+              deterministic, varlen=None, alibi_slopes=None, sinks=None, dropout=None):
     """(dq, dk, dv, dsinks); dsinks is empty when sinks is None."""
     dout, q, k, v, out, lse = (_prep(t) for t in (dout, q, k, v, out, lse))
     dq, dk, dv = _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
@@ -125,6 +134,7 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
         _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, workspace=workspace,
                        **_varlen_kwargs(varlen), alibi_slopes=_extra(alibi_slopes),
                        sinks=_extra(sinks), dsinks=dsinks if sinks is not None else None,
+                       **_dropout_kwargs(dropout),
                        **_opts(softmax_scale, causal, window_left, window_right, softcap,
                                deterministic))
     return dq, dk, dv, dsinks
@@ -137,15 +147,17 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool,
-        alibi_slopes: Optional[Tensor] = None,
-        sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+        dropout_p: float = 0.0, dropout_seed: int = 0,
+        dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
     return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                    deterministic, None, alibi_slopes, sinks)
+                    deterministic, None, alibi_slopes, sinks,
+                    (dropout_p, dropout_seed, dropout_offset))
 
 
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-      alibi_slopes=None, sinks=None):
+      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -155,24 +167,28 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, determ
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
         deterministic: bool, alibi_slopes: Optional[Tensor] = None,
-        sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
+        dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-                     softcap, deterministic, None, alibi_slopes, sinks)
+                     softcap, deterministic, None, alibi_slopes, sinks,
+                     (dropout_p, dropout_seed, dropout_offset))
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-      deterministic, alibi_slopes=None, sinks=None):
+      deterministic, alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0,
+      dropout_offset=0):
     return (_empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v),
             _dsinks_like(q, sinks))
 
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-     alibi_slopes, sinks) = inputs
+     alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
     ctx.params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    ctx.dropout = (dropout_p, dropout_seed, dropout_offset)
     ctx.mark_non_differentiable(lse)
 
 
@@ -182,8 +198,9 @@ def _sinks_grad(sinks, dsinks):
 
 def _fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, *ctx.params, alibi_slopes, sinks)
-    return (dq, dk, dv) + (None,) * 7 + (_sinks_grad(sinks, dsinks),)
+    dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, *ctx.params, alibi_slopes, sinks,
+                             *ctx.dropout)
+    return (dq, dk, dv) + (None,) * 7 + (_sinks_grad(sinks, dsinks),) + (None,) * 3
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -198,15 +215,17 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float,
                deterministic: bool, alibi_slopes: Optional[Tensor] = None,
-               sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+               sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
+               dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
     return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                     deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                    alibi_slopes, sinks)
+                    alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset))
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, deterministic, alibi_slopes=None, sinks=None):
+      window_left, window_right, softcap, deterministic, alibi_slopes=None, sinks=None,
+      dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return out, lse
@@ -217,35 +236,38 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
                softcap: float, deterministic: bool, alibi_slopes: Optional[Tensor] = None,
-               sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+               sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
+               dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
                      softcap, deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                     alibi_slopes, sinks)
+                     alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset))
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       softmax_scale, causal, window_left, window_right, softcap, deterministic,
-      alibi_slopes=None, sinks=None):
+      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     return (_empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v),
             _dsinks_like(q, sinks))
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-     window_left, window_right, softcap, deterministic, alibi_slopes, sinks) = inputs
+     window_left, window_right, softcap, deterministic, alibi_slopes, sinks, dropout_p,
+     dropout_seed, dropout_offset) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
     ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                   softcap, deterministic)
+    ctx.dropout = (dropout_p, dropout_seed, dropout_offset)
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
     dq, dk, dv, dsinks = varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                    *ctx.params, alibi_slopes, sinks)
-    return (dq, dk, dv) + (None,) * 11 + (_sinks_grad(sinks, dsinks),)
+                                    *ctx.params, alibi_slopes, sinks, *ctx.dropout)
+    return (dq, dk, dv) + (None,) * 11 + (_sinks_grad(sinks, dsinks),) + (None,) * 3
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -264,11 +286,12 @@ class _Attention(torch.autograd.Function):
     Eager calls come here; torch.compile traces the custom ops (attention() below)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, alibi_slopes, params, varlen):
-        out, lse = _forward(q, k, v, *params, varlen, alibi_slopes, sinks)
+    def forward(ctx, q, k, v, sinks, alibi_slopes, params, varlen, dropout):
+        out, lse = _forward(q, k, v, *params, varlen, alibi_slopes, sinks, dropout)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks,
                               *(varlen[:2] if varlen is not None else ()))
         ctx.params = params
+        ctx.dropout = dropout
         ctx.varlen_sizes = varlen[2:] if varlen is not None else None
         ctx.mark_non_differentiable(lse)
         # lse has no gradient: without this autograd fills a zero dlse on every backward
@@ -279,13 +302,13 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:
-            return None, None, None, None, None, None, None
+            return (None,) * 8
         saved = ctx.saved_tensors
         q, k, v, out, lse, alibi_slopes, sinks = saved[:7]
         varlen = None if ctx.varlen_sizes is None else (saved[7], saved[8], *ctx.varlen_sizes)
         dq, dk, dv, dsinks = _backward(dout, q, k, v, out, lse, *ctx.params, varlen,
-                                       alibi_slopes, sinks)
-        return dq, dk, dv, _sinks_grad(sinks, dsinks), None, None, None
+                                       alibi_slopes, sinks, ctx.dropout)
+        return dq, dk, dv, _sinks_grad(sinks, dsinks), None, None, None, None
 
 
 def _compiling() -> bool:
@@ -294,21 +317,22 @@ def _compiling() -> bool:
 
 
 def attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-              alibi_slopes=None, sinks=None):
-    """(out, lse): the custom op under torch.compile, the eager autograd function otherwise."""
+              alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0)):
+    """(out, lse): the custom op under torch.compile, the eager autograd function otherwise.
+    dropout: (p, seed, offset)."""
     params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if _compiling():
-        return fwd(q, k, v, *params, alibi_slopes, sinks)
-    return _Attention.apply(q, k, v, sinks, alibi_slopes, params, None)
+        return fwd(q, k, v, *params, alibi_slopes, sinks, *dropout)
+    return _Attention.apply(q, k, v, sinks, alibi_slopes, params, None, dropout)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                     alibi_slopes=None, sinks=None):
+                     alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0)):
     """Variable-length attention(): (out, lse (heads_q, total_q))."""
     params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if _compiling():
         return varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          *params, alibi_slopes, sinks)
+                          *params, alibi_slopes, sinks, *dropout)
     return _Attention.apply(q, k, v, sinks, alibi_slopes, params,
-                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout)

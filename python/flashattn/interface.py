@@ -11,10 +11,15 @@ scores -= slope * |i + seqlen_k - seqlen_q - j|). Attention sinks (gpt-oss): the
 keyword sinks= (one logit per query head, joining each row's softmax
 denominator, no value); with torch, a tensor autograd differentiates.
 
-Not implemented (NotImplementedError, never ignored): dropout_p > 0,
-block_table. return_attn_probs=True returns (out, softmax_lse, S_dmask) like
-flash-attn; flash-attn only fills S_dmask when dropout_p > 0, which is not
-supported here, so S_dmask is always None.
+Dropout (dropout_p > 0, torch tensors, CPU backend for now): the Philox seed
+and offset are drawn from torch's default CPU generator, so torch.manual_seed
+makes a step reproducible; the backward reuses them. With return_attn_probs=True
+S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),
+float32: 1 / (1 - dropout_p) where kept, 0 where dropped (flash-attn encodes
+the same pattern in the sign of its S_dmask); None without dropout.
+
+Not implemented (NotImplementedError, never ignored): block_table; dropout on
+NumPy arrays (call flashattn._capi.forward with dropout_seed/dropout_offset).
 """
 
 import math
@@ -43,10 +48,12 @@ def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _check_unsupported(dropout_p, block_table=None):
-    if dropout_p != 0.0:
+def _check_unsupported(q, dropout_p, block_table=None):
+    if dropout_p != 0.0 and not _is_torch(q):
         raise NotImplementedError(
-            f"flashattn does not implement dropout: dropout_p must be 0.0, got {dropout_p}")
+            "dropout through flash_attn_func needs torch tensors (the seed comes from the torch "
+            f"generator), got dropout_p={dropout_p}; call flashattn._capi.forward with "
+            "dropout_seed and dropout_offset for NumPy arrays")
     if block_table is not None:
         raise NotImplementedError(
             "flashattn does not implement paged KV caches: block_table must be None")
@@ -82,8 +89,25 @@ def _pad_numpy(x, multiple=8):
     return np.pad(x, pad)
 
 
-def _result(out, lse, return_attn_probs):
-    return (out, lse, None) if return_attn_probs else out
+def _dropout(dropout_p):
+    """(p, seed, offset): Philox seed and offset from torch's default CPU generator."""
+    if not dropout_p:
+        return (0.0, 0, 0)
+    seed, offset = torch.randint(0, 2 ** 62, (2,), dtype=torch.int64).tolist()
+    return (float(dropout_p), seed, offset)
+
+
+def _dropout_factors(q, dropout, batch, heads, seqlen_q, seqlen_k):
+    """S_dmask: the dropout factors (batch, heads, seqlen_q, seqlen_k), or None without dropout."""
+    if not dropout[0]:
+        return None
+    mask = torch.empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.float32)
+    _capi.dropout_mask(mask, *dropout)
+    return mask.to(q.device)
+
+
+def _result(out, lse, return_attn_probs, s_dmask=None):
+    return (out, lse, s_dmask) if return_attn_probs else out
 
 
 def _sinks_f32(sinks):
@@ -124,17 +148,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Returns out (batch_size, seqlen_q, nheads, headdim), or with return_attn_probs
     (out, softmax_lse (batch_size, nheads, seqlen_q) float32, S_dmask=None).
     """
-    _check_unsupported(dropout_p)
+    _check_unsupported(q, dropout_p)
     window = _window(window_size)
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
+        dropout = _dropout(dropout_p)
         out, lse = _torch_ops.attention(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
                                   bool(causal), window[0], window[1], float(softcap),
-                                  bool(deterministic), alibi_slopes, _sinks_f32(sinks))
+                                  bool(deterministic), alibi_slopes, _sinks_f32(sinks), dropout)
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
-        return _result(out, lse, return_attn_probs)
+        s_dmask = _dropout_factors(q, dropout, q.shape[0], q.shape[2], q.shape[1], k.shape[1]) \
+            if return_attn_probs else None
+        return _result(out, lse, return_attn_probs, s_dmask)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap, alibi_slopes,
                               sinks)
@@ -155,19 +182,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Returns out (total_q, nheads, headdim), or with return_attn_probs
     (out, softmax_lse (nheads, total_q) float32, S_dmask=None).
     """
-    _check_unsupported(dropout_p, block_table)
+    _check_unsupported(q, dropout_p, block_table)
     window = _window(window_size)
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
+        dropout = _dropout(dropout_p)
         out, lse = _torch_ops.varlen_attention(_pad_torch(q), _pad_torch(k), _pad_torch(v),
                                          cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                          int(max_seqlen_k), scale, bool(causal), window[0],
                                          window[1], float(softcap), bool(deterministic),
-                                         alibi_slopes, _sinks_f32(sinks))
+                                         alibi_slopes, _sinks_f32(sinks), dropout)
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
-        return _result(out, lse, return_attn_probs)
+        s_dmask = _dropout_factors(q, dropout, len(cu_seqlens_q) - 1, q.shape[1], int(max_seqlen_q),
+                                   int(max_seqlen_k)) if return_attn_probs else None
+        return _result(out, lse, return_attn_probs, s_dmask)
     lse_shape = (q.shape[1], q.shape[0])
     out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap, alibi_slopes,
                               sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

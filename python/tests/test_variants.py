@@ -120,6 +120,33 @@ def test_numpy_backward_needs_dsinks_with_sinks(rng):
         _capi.forward(q, k, v, out, lse, alibi_slopes=np.zeros(2, np.float16))
 
 
+def test_numpy_dropout_matches_reference_with_the_visible_mask(rng):
+    b, sq, sk, h, d, p = 2, 23, 31, 2, 32, 0.3
+    q, k, v, _, _ = _inputs(rng, b, sq, sk, h, h, d, None, False)
+    kw = dict(causal=True, dropout_p=p, dropout_seed=1234, dropout_offset=8)
+    mask = np.empty((b, h, sq, sk), np.float32)
+    _capi.dropout_mask(mask, p, 1234, 8)
+    kept = np.count_nonzero(mask)
+    n = mask.size
+    assert abs(kept - n * (1 - p)) <= 6 * np.sqrt(n * p * (1 - p))
+    assert set(np.unique(mask)) <= {0.0, np.float32(1 / (1 - p))}
+    out, lse = np.empty_like(q), np.empty((b, h, sq), np.float32)
+    _capi.forward(q, k, v, out, lse, **kw)
+    # reference: softmax without dropout, times the mask, times V
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+    s = np.where(_mask(sq, sk, True)[None, None], s, -np.inf)
+    probs = np.exp(s - s.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ref = np.einsum("bhqk,bkhd->bqhd", probs * mask, v.astype(np.float64))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5)
+    # the backward regenerates the mask from the same seed and offset: dv = (P z)^T dO
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, **kw)
+    ref_dv = np.einsum("bhqk,bqhd->bkhd", probs * mask, dout.astype(np.float64))
+    np.testing.assert_allclose(dv, ref_dv, rtol=1e-3, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------
 # torch: the sinks are a differentiable input
 
@@ -209,3 +236,34 @@ def test_torch_opcheck_with_extras():
     out, lse = torch.ops.flashattn.fwd(*args)
     torch.library.opcheck(torch.ops.flashattn.bwd.default,
                           (torch.randn(out.shape, generator=gen), q, q, q, out, lse) + args[3:])
+
+
+def test_torch_dropout_is_reproducible_and_matches_its_mask():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(3)
+    b, sq, sk, h, d, p = 2, 21, 33, 2, 32, 0.2
+    q = torch.randn(b, sq, h, d, generator=gen).requires_grad_()
+    k = torch.randn(b, sk, h, d, generator=gen).requires_grad_()
+    v = torch.randn(b, sk, h, d, generator=gen).requires_grad_()
+    torch.manual_seed(11)
+    out, _, zmask = flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True,
+                                              return_attn_probs=True)
+    torch.manual_seed(11)
+    again = flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    assert torch.equal(out, again)
+    assert not torch.equal(out, flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True))
+    assert zmask.shape == (b, h, sq, sk)
+    n, kept = zmask.numel(), int((zmask != 0).sum())
+    assert abs(kept - n * (1 - p)) <= 6 * (n * p * (1 - p)) ** 0.5
+    # float64 reference with the same mask; autograd gives its gradients
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) / d ** 0.5
+    causal = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+    probs = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+    ref = torch.einsum("bhqk,bkhd->bqhd", probs * zmask.double(), v64)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-4, atol=2e-5)
+    dout = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
