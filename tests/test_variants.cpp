@@ -13,6 +13,7 @@
 #include "common/variants_check.h"
 #include "attention/philox.h"
 #include "core/extras.h"
+#include "flashattn/flashattn.hpp"
 
 namespace flashattn::testing {
 namespace {
@@ -23,20 +24,30 @@ fa_options cpu_options(const Problem& p) {
   return o;
 }
 
+// out and lse of the CPU forward with the problem's extras, from poisoned tensors.
+struct CpuRun {
+  HostTensor out, lse;
+};
+::testing::AssertionResult cpu_forward(const Problem& p, CpuRun& r) {
+  const fa_options o = cpu_options(p);
+  const fa_extras x = p.extras();
+  r.out = p.poisoned_like_q();
+  r.lse = p.poisoned_lse();
+  const fa_status s = fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &r.out.desc, &r.lse.desc, p.varlen_ptr(), &o, &x);
+  if (s != FA_OK) return ::testing::AssertionFailure() << fa_last_error();
+  return ::testing::AssertionSuccess();
+}
+
 class CpuVariants : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpuVariants, ForwardMatchesFloat64Reference) {
   const Problem p = make_problem(GetParam());
-  const fa_options o = cpu_options(p);
-  const fa_extras x = p.extras();
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
-  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, p.varlen_ptr(), &o, &x),
-            FA_OK)
-      << fa_last_error();
+  CpuRun r;
+  ASSERT_TRUE(cpu_forward(p, r));
   const Expected e = expected_forward(p);
-  const Comparison co = compare_rows(out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
+  const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
   EXPECT_TRUE(co.ok) << co.describe("out");
-  const Comparison cl = compare_lse(lse, e.exact.lse, e.naive.lse, 1e-4);
+  const Comparison cl = compare_lse(r.lse, e.exact.lse, e.naive.lse, 1e-4);
   EXPECT_TRUE(cl.ok) << cl.describe("lse");
 }
 
@@ -44,13 +55,12 @@ TEST_P(CpuVariants, BackwardMatchesFloat64Reference) {
   const Problem p = make_problem(GetParam());
   const fa_options o = cpu_options(p);
   fa_extras x = p.extras();
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse(), dsinks = p.poisoned_dsinks();
-  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, p.varlen_ptr(), &o, &x),
-            FA_OK)
-      << fa_last_error();
+  CpuRun r;
+  ASSERT_TRUE(cpu_forward(p, r));
+  HostTensor dsinks = p.poisoned_dsinks();
   if (p.c.sinks) x.dsinks = &dsinks.desc;
   HostTensor dq = p.poisoned_like_q(), dk = p.poisoned_like_k(), dv = p.poisoned_like_k();
-  ASSERT_EQ(fa_backward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &p.dout.desc, &lse.desc, &dq.desc,
+  ASSERT_EQ(fa_backward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &r.out.desc, &p.dout.desc, &r.lse.desc, &dq.desc,
                            &dk.desc, &dv.desc, p.varlen_ptr(), &o, &x, nullptr, 0),
             FA_OK)
       << fa_last_error();
@@ -170,11 +180,10 @@ TEST(CpuVariantsEdges, EmptyRowsGetTheSinkAsLse) {
   c.causal = true;
   c.sinks = true;
   const Problem p = make_problem(c);
-  const fa_options o = cpu_options(p);
-  const fa_extras x = p.extras();
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
-  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
-  const float* l = reinterpret_cast<const float*>(lse.bytes.data());
+  CpuRun r;
+  ASSERT_TRUE(cpu_forward(p, r));
+  const HostTensor& out = r.out;
+  const float* l = reinterpret_cast<const float*>(r.lse.bytes.data());
   const float* z = reinterpret_cast<const float*>(p.sinks.bytes.data());
   for (int h = 0; h < 2; ++h) {
     for (int i = 0; i < 15; ++i) {  // rows 0..14 see no key (i + 5 - 20 < 0)
@@ -197,13 +206,12 @@ TEST(CpuVariantsEdges, NeutralExtrasAreBitwiseNoOps) {
     f32_at(p.sinks, h) = -std::numeric_limits<float>::infinity();
   }
   const fa_options o = cpu_options(p);
-  const fa_extras x = p.extras();
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  CpuRun r;
+  ASSERT_TRUE(cpu_forward(p, r));
   HostTensor plain = p.poisoned_like_q(), plain_lse = p.poisoned_lse();
-  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
   ASSERT_EQ(fa_forward(&p.q.desc, &p.k.desc, &p.v.desc, &plain.desc, &plain_lse.desc, nullptr, &o), FA_OK);
-  EXPECT_EQ(out.bytes, plain.bytes);
-  EXPECT_EQ(lse.bytes, plain_lse.bytes);
+  EXPECT_EQ(r.out.bytes, plain.bytes);
+  EXPECT_EQ(r.lse.bytes, plain_lse.bytes);
 }
 
 // Each extra is checked before any memory is touched; the message names it.
@@ -370,10 +378,9 @@ TEST(Dropout, ForwardAppliesTheVisibleMask) {
   const Problem plain = make_problem(plain_case);  // same seed: same q, k, v
   const AttentionParams params = plain.host_params();
   const HostTensor m = dropout_mask_of(p);
-  const fa_options o = cpu_options(p);
-  const fa_extras x = p.extras();
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
-  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
+  CpuRun run;
+  ASSERT_TRUE(cpu_forward(p, run));
+  const HostTensor &out = run.out, &lse = run.lse;
   const reference::ForwardResult r = reference::forward(params, reference::Precision::kFloat64);
   const float* z = reinterpret_cast<const float*>(m.bytes.data());
   for (int h = 0; h < 2; ++h) {
@@ -401,8 +408,9 @@ TEST(Dropout, BackwardNeedsTheForwardsSeedAndOffset) {
   const Problem p = make_problem(c);
   const fa_options o = cpu_options(p);
   const fa_extras x = p.extras();
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
-  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, nullptr, &o, &x), FA_OK);
+  CpuRun r;
+  ASSERT_TRUE(cpu_forward(p, r));
+  const HostTensor &out = r.out, &lse = r.lse;
   const Expected e = expected_all(p);
   for (uint64_t shift : {uint64_t{0}, uint64_t{4}}) {
     fa_extras bx = x;
@@ -447,6 +455,48 @@ TEST_F(ExtrasValidation, RejectsBadDropout) {
   for (float bad : {-0.1f, 1.0f, std::numeric_limits<float>::quiet_NaN()}) {
     x.dropout_p = bad;
     expect_error(forward(x), "dropout_p must be in [0, 1)");
+    fa_tensor m = lse.desc;
+    expect_error(fa_dropout_mask(&x, &m), "dropout_p must be in [0, 1)");
+  }
+  x.dropout_p = 0.5f;
+  fa_tensor m = lse.desc;  // 3-D
+  expect_error(fa_dropout_mask(&x, &m), "mask must be an f32 host tensor");
+  expect_error(fa_dropout_mask(nullptr, &m), "extras is a null pointer");
+  expect_error(fa_dropout_mask(&x, nullptr), "mask is a null pointer");
+  m.ndim = 4;
+  m.shape[3] = 2;
+  m.strides[3] = 0;
+  expect_error(fa_dropout_mask(&x, &m), "stride below 1");
+}
+
+// The C++ API passes every extra through: bitwise the C ABI's result, and
+// the dsinks it names get written.
+TEST(CppApiVariants, OptionsCarryTheExtras) {
+  Case c = make_case(FA_F32, 19, 23, 16, 4);
+  c.alibi = Case::Alibi::kPerHead;
+  c.sinks = true;
+  c.dropout_p = 0.2f;
+  const Problem p = make_problem(c);
+  const fa_extras x = p.extras();
+  CpuRun c_abi;
+  ASSERT_TRUE(cpu_forward(p, c_abi));
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse(), dsinks = p.poisoned_dsinks();
+  flashattn::Options opt;
+  opt.with_backend(FA_BACKEND_CPU)
+      .with_alibi(&p.alibi_slopes.desc)
+      .with_sinks(&p.sinks.desc, &dsinks.desc)
+      .with_dropout(x.dropout_p, x.dropout_seed, x.dropout_offset);
+  opt.dsinks = nullptr;  // the forward refuses dsinks
+  flashattn::forward(p.q.desc, p.k.desc, p.v.desc, out.desc, &lse.desc, opt);
+  EXPECT_EQ(out.bytes, c_abi.out.bytes);
+  EXPECT_EQ(lse.bytes, c_abi.lse.bytes);
+  opt.dsinks = &dsinks.desc;
+  HostTensor dq = p.poisoned_like_q(), dk = p.poisoned_like_k(), dv = p.poisoned_like_k();
+  flashattn::backward(p.q.desc, p.k.desc, p.v.desc, out.desc, p.dout.desc, lse.desc, dq.desc, dk.desc, dv.desc, opt);
+  const Expected e = expected_all(p);
+  expect_dsinks_close(dsinks, p, e);
+  for (const auto& [name, cmp] : compare_gradients(dq, dk, dv, e, default_atol(FA_F32))) {
+    EXPECT_TRUE(cmp.ok) << cmp.describe(name);
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -63,6 +64,9 @@ struct Options {
   const fa_tensor* alibi_slopes = nullptr;  // (heads_q) or (batch, heads_q)
   const fa_tensor* sinks = nullptr;         // (heads_q)
   fa_tensor* dsinks = nullptr;              // (heads_q), written by backward() when sinks is set
+  float dropout_p = 0.0f;                   // [0, 1); the backward needs the forward's seed and offset
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
 
   Options& with_causal(bool c = true) { causal = c; return *this; }
   Options& with_window(int left, int right) { window_left = left; window_right = right; return *this; }
@@ -74,6 +78,12 @@ struct Options {
   Options& with_sinks(const fa_tensor* logits, fa_tensor* grad = nullptr) {
     sinks = logits;
     dsinks = grad;
+    return *this;
+  }
+  Options& with_dropout(float p, uint64_t seed, uint64_t offset) {
+    dropout_p = p;
+    dropout_seed = seed;
+    dropout_offset = offset;
     return *this;
   }
 
@@ -95,6 +105,9 @@ struct Options {
     e.alibi_slopes = alibi_slopes;
     e.sinks = sinks;
     e.dsinks = dsinks;
+    e.dropout_p = dropout_p;
+    e.dropout_seed = dropout_seed;
+    e.dropout_offset = dropout_offset;
     return e;
   }
 };

@@ -140,6 +140,10 @@ fa_status fa_forward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor*
   });
 }
 
+fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask) {
+  return guarded([&]() -> fa_status { return dropout_mask(extras, mask); });
+}
+
 fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                                     const fa_varlen* varlen, const fa_options* options,
                                     size_t* bytes) {

@@ -99,6 +99,11 @@ fa_status apply_sinks(const fa_extras& e, const fa_tensor& q, Pass pass, Attenti
   return FA_OK;
 }
 
+fa_status check_dropout_p(float p) {
+  if (p >= 0.0f && p < 1.0f) return FA_OK;  // false for NaN too
+  return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p must be in [0, 1), got " + std::to_string(p));
+}
+
 // The (batch, heads_q, seqlen_q, seqlen_k) f32 host tensor fa_dropout_mask fills.
 fa_status check_mask_tensor(const fa_tensor* m) {
   if (m == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "mask is a null pointer");
@@ -108,8 +113,10 @@ fa_status check_mask_tensor(const fa_tensor* m) {
   }
   int64_t max_offset = 0;
   for (int i = 0; i < 4; ++i) {
-    if (m->shape[i] < 0 || m->shape[i] > std::numeric_limits<int32_t>::max() || m->strides[i] < 0) {
-      return fail(FA_ERROR_INVALID_ARGUMENT, "mask has a negative or too large dimension or stride");
+    if (m->shape[i] < 0 || m->shape[i] > std::numeric_limits<int32_t>::max() ||
+        m->strides[i] < (m->shape[i] > 1 ? 1 : 0)) {
+      return fail(FA_ERROR_INVALID_ARGUMENT,
+                  "mask has a negative or too large dimension, or a stride below 1");
     }
     int64_t term = 0;
     if (m->shape[i] > 0 && (__builtin_mul_overflow(m->shape[i] - 1, m->strides[i], &term) ||
@@ -117,7 +124,11 @@ fa_status check_mask_tensor(const fa_tensor* m) {
       return fail(FA_ERROR_INVALID_ARGUMENT, "mask has strides whose offsets overflow 64-bit indexing");
     }
   }
-  if (m->data == nullptr && m->shape[0] * m->shape[1] * m->shape[2] * m->shape[3] != 0) {
+  if (m->shape[0] * m->shape[1] > std::numeric_limits<int32_t>::max()) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "mask has batch * heads over 2^31 - 1");
+  }
+  const bool empty = m->shape[0] == 0 || m->shape[1] == 0 || m->shape[2] == 0 || m->shape[3] == 0;
+  if (m->data == nullptr && !empty) {
     return fail(FA_ERROR_INVALID_ARGUMENT, "mask has a null data pointer");
   }
   return FA_OK;
@@ -135,9 +146,10 @@ fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, A
                 pass == Pass::kForward ? "dsinks is for fa_backward_ex only; pass NULL to the forward"
                                        : "dsinks is given but sinks is NULL");
   }
-  if (!(extras->dropout_p >= 0.0f && extras->dropout_p < 1.0f)) {
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                "dropout_p must be in [0, 1), got " + std::to_string(extras->dropout_p));
+  FA_RETURN_IF_ERROR(check_dropout_p(extras->dropout_p));
+  // The keep bits' counter holds b * heads_q + h in 32 bits (attention/dropout.h).
+  if (extras->dropout_p > 0.0f && int64_t{p->batch} * p->heads_q > std::numeric_limits<int32_t>::max()) {
+    return fail(FA_ERROR_UNSUPPORTED, "dropout takes batch * heads_q up to 2^31 - 1");
   }
   p->dropout = Dropout::make(extras->dropout_p, extras->dropout_seed, extras->dropout_offset);
   if (extras->alibi_slopes != nullptr) FA_RETURN_IF_ERROR(apply_alibi(extras->alibi_slopes, q, p));
@@ -145,15 +157,9 @@ fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, A
   return FA_OK;
 }
 
-}  // namespace flashattn
-
-extern "C" fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask) {
-  using namespace flashattn;
-  clear_error();
+fa_status dropout_mask(const fa_extras* extras, fa_tensor* mask) {
   if (extras == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "extras is a null pointer");
-  if (!(extras->dropout_p >= 0.0f && extras->dropout_p < 1.0f)) {
-    return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p must be in [0, 1), got " + std::to_string(extras->dropout_p));
-  }
+  FA_RETURN_IF_ERROR(check_dropout_p(extras->dropout_p));
   FA_RETURN_IF_ERROR(check_mask_tensor(mask));
   const Dropout d = Dropout::make(extras->dropout_p, extras->dropout_seed, extras->dropout_offset);
   const int64_t* n = mask->shape;
@@ -169,3 +175,5 @@ extern "C" fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask) {
         }
   return FA_OK;
 }
+
+}  // namespace flashattn

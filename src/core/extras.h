@@ -12,4 +12,7 @@ enum class Pass { kForward, kBackward };
 // params' pointers; extras may be null (everything off).
 fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, AttentionParams* p);
 
+// fa_dropout_mask: checks its arguments, then writes the dropout factors.
+fa_status dropout_mask(const fa_extras* extras, fa_tensor* mask);
+
 }  // namespace flashattn

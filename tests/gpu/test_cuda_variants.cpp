@@ -128,6 +128,22 @@ TEST(CudaVariantsDeterminism, SinkGradientIsBitwiseStable) {
   EXPECT_EQ(a.out.bytes, b.out.bytes);
 }
 
+// Dropout has no CUDA kernel yet: refused with a message that says so, never run.
+TEST(CudaVariantsDropout, IsRefusedAsUnsupported) {
+  FA_REQUIRE_GPU();
+  Case c = make_case(FA_BF16, 17, 19, 64, 6);
+  c.dropout_p = 0.1f;
+  const Problem p = make_problem(c);
+  DeviceProblem d(p);
+  HostTensor out = p.poisoned_like_q();
+  DeviceTensor dout_ = DeviceTensor::upload(out);
+  const fa_options o = d.options();
+  const fa_extras x = p.extras();
+  EXPECT_EQ(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, nullptr, nullptr, &o, &x),
+            FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("dropout"), std::string::npos) << fa_last_error();
+}
+
 std::string name_of(const ::testing::TestParamInfo<std::tuple<Case, Path>>& info) {
   return std::get<0>(info.param).name() + (std::get<1>(info.param) == Path::kSm80 ? "_sm80" : "_auto");
 }
