@@ -483,8 +483,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       warp_gemm2<kSdpMT, kSdpNT, D, false, false, T>(acc_s, acc_dp, aQ + 2u * sdp_m0 * RS,
                                                      adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
                                                      aV + 2u * n0 * RS, RS, lane);
-      // Masking and softcap are runtime options; the per-element code is
-      // specialized on softcap (tanh and its derivative) only.
+      // Masking, softcap and ALiBi are runtime options; the per-element code
+      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only.
       const ScoreArgs sa{p.softcap, inv_cap, scale_log2, alibi_log2(h), aLse, aD, aP, adS, sdp_m0, n0,
                          g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask};
       if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full);
