@@ -127,8 +127,36 @@ typedef struct fa_options {
   int32_t reserved[7];   /* must be zero (checked); room to grow without breaking the ABI */
 } fa_options;
 
+/* Score extras beyond fa_options, for fa_forward_ex / fa_backward_ex (the
+ * plain entry points are these with every extra off). Each tensor is f32 on
+ * q's device, or NULL for off.
+ *   alibi_slopes: (heads_q) or (batch, heads_q); score -= slope * |i + seqlen_k - seqlen_q - j|
+ *                 (per sequence for varlen), added after softcap (flash-attn 2.x).
+ *   sinks:        (heads_q); a logit per query head that joins each row's softmax
+ *                 denominator and carries no value (gpt-oss): the lse includes it,
+ *                 and a row that sees no key gets out 0 and lse = sink.
+ *   dsinks:       fa_backward_ex only, required when sinks is given, (heads_q):
+ *                 overwritten with the gradient of the loss w.r.t. sinks.
+ *   dropout_p:    in [0, 1); each attention probability is dropped with this
+ *                 probability and the kept ones scaled by 1 / (1 - p) (the lse is
+ *                 the one before dropout). The keep bits are Philox4x32-10 of the
+ *                 element's coordinates under (dropout_seed, dropout_offset): give
+ *                 the backward the forward's values. fa_dropout_mask shows them. */
+typedef struct fa_extras {
+  const fa_tensor* alibi_slopes;
+  const fa_tensor* sinks;
+  fa_tensor* dsinks;
+  float dropout_p;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  int32_t reserved[8];  /* zero; room to grow without breaking the ABI */
+} fa_extras;
+
 /* Defaults: scale 1/sqrt(d), no mask, window (-1,-1), auto backend. */
 FA_API fa_options fa_default_options(void);
+
+/* Every extra off. */
+FA_API fa_extras fa_default_extras(void);
 
 /* The calling thread's last error message; the names of a status and of a
  * dtype; the library's version ("0.1.0"). */
@@ -236,6 +264,22 @@ FA_API fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache,
  * the rotated q and the split-KV partial states) or on the host (CPU backend). */
 FA_API fa_status fa_forward_kvcache_workspace_size(const fa_tensor* q, const fa_kvcache* cache,
                                                    const fa_options* options, size_t* bytes);
+/* fa_forward / fa_backward with score extras; extras may be NULL (= all off). */
+FA_API fa_status fa_forward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                               fa_tensor* out, fa_tensor* lse, const fa_varlen* varlen,
+                               const fa_options* options, const fa_extras* extras);
+FA_API fa_status fa_backward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                                const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                                fa_tensor* dq, fa_tensor* dk, fa_tensor* dv,
+                                const fa_varlen* varlen, const fa_options* options,
+                                const fa_extras* extras, void* workspace, size_t workspace_bytes);
+
+/* The dropout factors the kernels use for these extras (dropout_p, seed,
+ * offset): mask is f32 (batch, heads_q, seqlen_q, seqlen_k) on the host, and
+ * element (b, h, i, j) gets 1 / (1 - dropout_p) where the probability of query
+ * row i for key j of sequence b is kept, 0 where it is dropped (for variable
+ * length batches, i and j count within sequence b). For tests and debugging. */
+FA_API fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask);
 
 #ifdef __cplusplus
 } /* extern "C" */

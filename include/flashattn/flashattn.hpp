@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -60,6 +61,14 @@ struct Options {
   fa_backend backend = FA_BACKEND_AUTO;
   void* stream = nullptr;  // cudaStream_t
   int num_threads = 0;
+  // Score extras (fa_extras): f32 tensors on q's device, null = off; the
+  // tensors must outlive the call.
+  const fa_tensor* alibi_slopes = nullptr;  // (heads_q) or (batch, heads_q)
+  const fa_tensor* sinks = nullptr;         // (heads_q)
+  fa_tensor* dsinks = nullptr;              // (heads_q), written by backward() when sinks is set
+  float dropout_p = 0.0f;                   // [0, 1); the backward needs the forward's seed and offset
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
 
   Options& with_causal(bool c = true) { causal = c; return *this; }
   Options& with_window(int left, int right) { window_left = left; window_right = right; return *this; }
@@ -67,6 +76,18 @@ struct Options {
   Options& with_scale(float s) { softmax_scale = s; return *this; }
   Options& with_backend(fa_backend b) { backend = b; return *this; }
   Options& with_stream(void* s) { stream = s; return *this; }
+  Options& with_alibi(const fa_tensor* slopes) { alibi_slopes = slopes; return *this; }
+  Options& with_sinks(const fa_tensor* logits, fa_tensor* grad = nullptr) {
+    sinks = logits;
+    dsinks = grad;
+    return *this;
+  }
+  Options& with_dropout(float p, uint64_t seed, uint64_t offset) {
+    dropout_p = p;
+    dropout_seed = seed;
+    dropout_offset = offset;
+    return *this;
+  }
 
   fa_options to_c() const {
     fa_options o = fa_default_options();
@@ -81,6 +102,16 @@ struct Options {
     o.num_threads = num_threads;
     return o;
   }
+  fa_extras extras_to_c() const {
+    fa_extras e = fa_default_extras();
+    e.alibi_slopes = alibi_slopes;
+    e.sinks = sinks;
+    e.dsinks = dsinks;
+    e.dropout_p = dropout_p;
+    e.dropout_seed = dropout_seed;
+    e.dropout_offset = dropout_offset;
+    return e;
+  }
 };
 
 // out = attention(q, k, v); lse (f32) is written when given.
@@ -88,7 +119,8 @@ inline void forward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v, 
                     fa_tensor* lse = nullptr, const Options& options = {},
                     const fa_varlen* varlen = nullptr) {
   const fa_options o = options.to_c();
-  check(fa_forward(&q, &k, &v, &out, lse, varlen, &o));
+  const fa_extras e = options.extras_to_c();
+  check(fa_forward_ex(&q, &k, &v, &out, lse, varlen, &o, &e));
 }
 
 // Bytes of scratch memory backward() needs for these arguments.
@@ -109,8 +141,9 @@ inline void backward(const fa_tensor& q, const fa_tensor& k, const fa_tensor& v,
                      const fa_varlen* varlen = nullptr, void* workspace = nullptr,
                      size_t workspace_bytes = 0) {
   const fa_options o = options.to_c();
-  check(fa_backward(&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv, varlen, &o, workspace,
-                    workspace_bytes));
+  const fa_extras e = options.extras_to_c();
+  check(fa_backward_ex(&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv, varlen, &o, &e, workspace,
+                       workspace_bytes));
 }
 
 // Bytes of workspace forward_kvcache needs for these arguments (on q's device).

@@ -211,6 +211,18 @@ class FaKvCache(ctypes.Structure):
     ]
 
 
+class FaExtras(ctypes.Structure):
+    _fields_ = [
+        ("alibi_slopes", ctypes.POINTER(FaTensor)),
+        ("sinks", ctypes.POINTER(FaTensor)),
+        ("dsinks", ctypes.POINTER(FaTensor)),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("reserved", ctypes.c_int32 * 8),
+    ]
+
+
 _P = ctypes.POINTER
 _SIGNATURES = {
     "fa_default_options": (FaOptions, []),
@@ -237,6 +249,13 @@ _SIGNATURES = {
                                           _P(FaOptions), ctypes.c_void_p, ctypes.c_size_t]),
     "fa_forward_kvcache_workspace_size": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache),
                                                          _P(FaOptions), _P(ctypes.c_size_t)]),
+    "fa_forward_ex": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                     _P(FaTensor), _P(FaVarlen), _P(FaOptions), _P(FaExtras)]),
+    "fa_backward_ex": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                      _P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
+                                      _P(FaTensor), _P(FaVarlen), _P(FaOptions), _P(FaExtras),
+                                      ctypes.c_void_p, ctypes.c_size_t]),
+    "fa_dropout_mask": (ctypes.c_int, [_P(FaExtras), _P(FaTensor)]),
 }
 
 
@@ -674,9 +693,46 @@ class _Call:
         self.keep.append(d)
         return _fa_tensor(d, name, output=output)
 
+    def extras(self, alibi_slopes=None, sinks=None, dsinks=None, dropout=None):
+        """An FaExtras over the given tensors (None = off) and dropout (None, or
+        (p, seed, offset)), or None when all are off."""
+        dropping = dropout is not None and dropout[0] > 0
+        if alibi_slopes is None and sinks is None and dsinks is None and not dropping:
+            return None
+        e = _dropout_extras(dropout)
+        if alibi_slopes is not None:
+            e.alibi_slopes = ctypes.pointer(self.tensor(alibi_slopes, "alibi_slopes"))
+        if sinks is not None:
+            e.sinks = ctypes.pointer(self.tensor(sinks, "sinks"))
+        if dsinks is not None:
+            e.dsinks = ctypes.pointer(self.tensor(dsinks, "dsinks", output=True))
+        self.keep.append(e)
+        return e
+
     @property
     def varlen_ptr(self):
         return ctypes.byref(self.varlen) if self.varlen is not None else None
+
+
+def _dropout_extras(dropout) -> FaExtras:
+    """An FaExtras with only the dropout fields set (dropout: None or (p, seed, offset))."""
+    e = FaExtras()
+    if dropout:
+        p, seed, offset = dropout
+        e.dropout_p = float(p)
+        e.dropout_seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        e.dropout_offset = int(offset) & 0xFFFFFFFFFFFFFFFF
+    return e
+
+
+def dropout_mask(mask, dropout_p, seed, offset) -> None:
+    """Writes the dropout factors the kernels use for (dropout_p, seed, offset) into ``mask``,
+    a float32 host array (batch, heads_q, seqlen_q, seqlen_k): 1 / (1 - dropout_p) where the
+    probability of (sequence b, head h, row i, key j) is kept, 0 where it is dropped."""
+    d = _describe(mask, "mask")
+    t = _fa_tensor(d, "mask", output=True)
+    e = _dropout_extras((dropout_p, seed, offset))
+    _check(library().fa_dropout_mask(ctypes.byref(e), ctypes.byref(t)))
 
 
 def _common_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
@@ -710,8 +766,15 @@ def _workspace_buffer(workspace, size, c) -> Tuple[Optional[int], int]:
 
 def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
             max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-            backend=None, stream=None, deterministic=False, num_threads=0) -> None:
+            backend=None, stream=None, deterministic=False, num_threads=0, alibi_slopes=None,
+            sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> None:
     """out = softmax(scale * q k^T + mask) v, written into ``out``; logsumexp into ``lse``.
+
+    ``alibi_slopes``: float32 (heads_q,) or (batch, heads_q), scores -= slope * |i + seqlen_k -
+    seqlen_q - j|. ``sinks``: float32 (heads_q,), a logit per head in each row's softmax
+    denominator (no value); lse includes it. Both on q's device, None = off. ``dropout_p`` > 0
+    drops attention probabilities by Philox bits of (dropout_seed, dropout_offset) (the CPU
+    backend only for now); the backward needs the same three values.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
     q, lse f32 (batch, heads_q, seqlen_q) or None. With cu_seqlens_q/k (int32, batch+1, on q's
@@ -723,10 +786,12 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
               causal, window_size, softcap, deterministic, backend, stream, num_threads)
     o = c.tensor(out, "out", output=True)
     lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
-    status = library().fa_forward(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
-                                  ctypes.byref(o),
-                                  ctypes.byref(lse_t) if lse_t is not None else None,
-                                  c.varlen_ptr, ctypes.byref(c.options))
+    extras = c.extras(alibi_slopes, sinks, dropout=(dropout_p, dropout_seed, dropout_offset))
+    status = library().fa_forward_ex(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
+                                     ctypes.byref(o),
+                                     ctypes.byref(lse_t) if lse_t is not None else None,
+                                     c.varlen_ptr, ctypes.byref(c.options),
+                                     ctypes.byref(extras) if extras is not None else None)
     _check(status)
 
 
@@ -763,8 +828,12 @@ def backward_workspace_size(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, ma
 def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, deterministic=False, workspace=None,
-             backend=None, stream=None, num_threads=0) -> None:
+             backend=None, stream=None, num_threads=0, alibi_slopes=None, sinks=None,
+             dsinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> None:
     """Gradients dq, dk, dv (written in place) from dout and the forward's out and lse.
+
+    ``alibi_slopes``, ``sinks`` and the dropout arguments as given to forward(); with sinks,
+    ``dsinks`` (float32 (heads_q,)) receives their gradient.
 
     ``workspace``: None (the library allocates), a contiguous buffer on the tensors' device of
     at least backward_workspace_size() bytes (e.g. torch.empty(n, dtype=torch.uint8)), or a
@@ -788,10 +857,12 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
         return nbytes.value
 
     ws_ptr, ws_bytes = _workspace_buffer(workspace, size, c)
-    status = library().fa_backward(
+    extras = c.extras(alibi_slopes, sinks, dsinks, dropout=(dropout_p, dropout_seed, dropout_offset))
+    status = library().fa_backward_ex(
         ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
         ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),
-        c.varlen_ptr, ctypes.byref(c.options), ws_ptr, ws_bytes)
+        c.varlen_ptr, ctypes.byref(c.options),
+        ctypes.byref(extras) if extras is not None else None, ws_ptr, ws_bytes)
     _check(status)
 
 

@@ -6,21 +6,25 @@ ops have fake (meta) implementations for torch.compile and an autograd formula
 that calls the backward ops, so gradients flow through loss.backward() and
 torch.compile(fullgraph=True) traces them without graph breaks.
 
-Ops:
+Ops (alibi_slopes, sinks: optional float32 tensors; dropout_p, dropout_seed,
+dropout_offset: see flashattn._capi.forward; EXTRAS below stands for
+alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
   flashattn::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                 deterministic) -> (out, lse)
+                 deterministic, EXTRAS) -> (out, lse)
   flashattn::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-                 softcap, deterministic) -> (dq, dk, dv)
+                 softcap, deterministic, EXTRAS) -> (dq, dk, dv, dsinks)
   flashattn::varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         softmax_scale, causal, window_left, window_right, softcap,
-                        deterministic) -> (out, lse)
+                        deterministic, EXTRAS) -> (out, lse)
   flashattn::varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                        softcap, deterministic) -> (dq, dk, dv)
+                        softcap, deterministic, EXTRAS) -> (dq, dk, dv, dsinks)
   flashattn::fwd_kvcache(q, k_cache!, v_cache!, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
                          window_left, window_right, softcap, rotary_interleaved,
                          num_splits) -> (out, lse)   (appends k/v into the caches in place)
+dsinks is float32 (heads_q,), or an empty tensor when sinks is None (an op output cannot
+be None). The sinks are differentiable through the forward ops' autograd formula.
 
 attention() and varlen_attention() are what flash_attn_func and flash_attn_varlen_func
 call: the custom ops while torch.compile traces, an autograd.Function over the same
@@ -85,7 +89,7 @@ def _varlen_kwargs(varlen):
 
 
 def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-             varlen=None):
+             varlen=None, alibi_slopes=None, sinks=None, dropout=None):
     q, k, v = _prep(q), _prep(k), _prep(v)
     out = _empty_like_shape(q)
     if varlen is None:  # lse (batch, heads_q, seqlen_q)
@@ -95,15 +99,37 @@ def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     with _device_guard(q):
         _capi.forward(q, k, v, out, lse, **_varlen_kwargs(varlen),
+                      alibi_slopes=_extra(alibi_slopes), sinks=_extra(sinks), **_dropout_kwargs(dropout),
                       **_opts(softmax_scale, causal, window_left, window_right, softcap,
                               deterministic))
     return out, lse
 
 
+def _dropout_kwargs(dropout):
+    """dropout: None or (p, seed, offset) -> the library's keyword arguments."""
+    if dropout is None:
+        return {}
+    p, seed, offset = dropout
+    return dict(dropout_p=float(p), dropout_seed=int(seed), dropout_offset=int(offset))
+
+
+def _extra(x):
+    """An extra (alibi_slopes, sinks) as the library takes it: None, or a contiguous tensor."""
+    return None if x is None else x.detach().contiguous()
+
+
+def _dsinks_like(q, sinks):
+    """The sinks' gradient buffer: float32 (heads_q,), empty when there are no sinks."""
+    n = 0 if sinks is None else sinks.shape[0]
+    return torch.empty((n,), dtype=torch.float32, device=q.device)
+
+
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic, varlen=None):
+              deterministic, varlen=None, alibi_slopes=None, sinks=None, dropout=None):
+    """(dq, dk, dv, dsinks); dsinks is empty when sinks is None."""
     dout, q, k, v, out, lse = (_prep(t) for t in (dout, q, k, v, out, lse))
     dq, dk, dv = _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
+    dsinks = _dsinks_like(q, sinks)
     device = q.device
 
     def workspace(nbytes):
@@ -111,10 +137,12 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
 
     with _device_guard(q):
         _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, workspace=workspace,
-                       **_varlen_kwargs(varlen),
+                       **_varlen_kwargs(varlen), alibi_slopes=_extra(alibi_slopes),
+                       sinks=_extra(sinks), dsinks=dsinks if sinks is not None else None,
+                       **_dropout_kwargs(dropout),
                        **_opts(softmax_scale, causal, window_left, window_right, softcap,
                                deterministic))
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 # ----------------------------------------------------------------------------
@@ -123,13 +151,18 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
-        window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+        window_right: int, softcap: float, deterministic: bool,
+        alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+        dropout_p: float = 0.0, dropout_seed: int = 0,
+        dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
     return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                    deterministic)
+                    deterministic, None, alibi_slopes, sinks,
+                    (dropout_p, dropout_seed, dropout_offset))
 
 
 @fwd.register_fake
-def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -138,29 +171,41 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, determ
 @torch.library.custom_op("flashattn::bwd", mutates_args=())
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-        deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+        sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
+        dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-                     softcap, deterministic)
+                     softcap, deterministic, None, alibi_slopes, sinks,
+                     (dropout_p, dropout_seed, dropout_offset))
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-      deterministic):
-    return _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
+      deterministic, alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0,
+      dropout_offset=0):
+    return (_empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v),
+            _dsinks_like(q, sinks))
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic = inputs
+    (q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+     alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
     ctx.params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    ctx.dropout = (dropout_p, dropout_seed, dropout_offset)
     ctx.mark_non_differentiable(lse)
 
 
+def _sinks_grad(sinks, dsinks):
+    return None if sinks is None else dsinks.to(sinks.dtype)
+
+
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None
+    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, *ctx.params, alibi_slopes, sinks,
+                             *ctx.dropout)
+    return (dq, dk, dv) + (None,) * 7 + (_sinks_grad(sinks, dsinks),) + (None,) * 3
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -174,14 +219,18 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float,
-               deterministic: bool) -> Tuple[Tensor, Tensor]:
+               deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+               sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
+               dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
     return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                    deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                    deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                    alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset))
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, deterministic):
+      window_left, window_right, softcap, deterministic, alibi_slopes=None, sinks=None,
+      dropout_p=0.0, dropout_seed=0, dropout_offset=0):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return out, lse
@@ -191,31 +240,39 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+               softcap: float, deterministic: bool, alibi_slopes: Optional[Tensor] = None,
+               sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
+               dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-                     softcap, deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                     softcap, deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                     alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset))
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, window_left, window_right, softcap, deterministic):
-    return _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
+      softmax_scale, causal, window_left, window_right, softcap, deterministic,
+      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+    return (_empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v),
+            _dsinks_like(q, sinks))
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-     window_left, window_right, softcap, deterministic) = inputs
+     window_left, window_right, softcap, deterministic, alibi_slopes, sinks, dropout_p,
+     dropout_seed, dropout_offset) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
     ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                   softcap, deterministic)
+    ctx.dropout = (dropout_p, dropout_seed, dropout_offset)
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params)
-    return (dq, dk, dv) + (None,) * 10
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                    *ctx.params, alibi_slopes, sinks, *ctx.dropout)
+    return (dq, dk, dv) + (None,) * 11 + (_sinks_grad(sinks, dsinks),) + (None,) * 3
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -234,10 +291,12 @@ class _Attention(torch.autograd.Function):
     Eager calls come here; torch.compile traces the custom ops (attention() below)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, params, varlen):
-        out, lse = _forward(q, k, v, *params, varlen)
-        ctx.save_for_backward(q, k, v, out, lse, *(varlen[:2] if varlen is not None else ()))
+    def forward(ctx, q, k, v, sinks, alibi_slopes, params, varlen, dropout):
+        out, lse = _forward(q, k, v, *params, varlen, alibi_slopes, sinks, dropout)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks,
+                              *(varlen[:2] if varlen is not None else ()))
         ctx.params = params
+        ctx.dropout = dropout
         ctx.varlen_sizes = varlen[2:] if varlen is not None else None
         ctx.mark_non_differentiable(lse)
         # lse has no gradient: without this autograd fills a zero dlse on every backward
@@ -248,12 +307,13 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:
-            return None, None, None, None, None
+            return (None,) * 8
         saved = ctx.saved_tensors
-        q, k, v, out, lse = saved[:5]
-        varlen = None if ctx.varlen_sizes is None else (saved[5], saved[6], *ctx.varlen_sizes)
-        dq, dk, dv = _backward(dout, q, k, v, out, lse, *ctx.params, varlen)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, alibi_slopes, sinks = saved[:7]
+        varlen = None if ctx.varlen_sizes is None else (saved[7], saved[8], *ctx.varlen_sizes)
+        dq, dk, dv, dsinks = _backward(dout, q, k, v, out, lse, *ctx.params, varlen,
+                                       alibi_slopes, sinks, ctx.dropout)
+        return dq, dk, dv, _sinks_grad(sinks, dsinks), None, None, None, None
 
 
 def _compiling() -> bool:
@@ -261,23 +321,26 @@ def _compiling() -> bool:
     return bool(is_compiling and is_compiling())
 
 
-def attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
-    """(out, lse): the custom op under torch.compile, the eager autograd function otherwise."""
+def attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+              alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0)):
+    """(out, lse): the custom op under torch.compile, the eager autograd function otherwise.
+    dropout: (p, seed, offset)."""
     params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if _compiling():
-        return fwd(q, k, v, *params)
-    return _Attention.apply(q, k, v, params, None)
+        return fwd(q, k, v, *params, alibi_slopes, sinks, *dropout)
+    return _Attention.apply(q, k, v, sinks, alibi_slopes, params, None, dropout)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, softcap, deterministic):
+                     softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                     alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0)):
     """Variable-length attention(): (out, lse (heads_q, total_q))."""
     params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if _compiling():
         return varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          *params)
-    return _Attention.apply(q, k, v, params, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                              max_seqlen_k))
+                          *params, alibi_slopes, sinks, *dropout)
+    return _Attention.apply(q, k, v, sinks, alibi_slopes, params,
+                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout)
 
 
 # ----------------------------------------------------------------------------

@@ -6,7 +6,9 @@
 #if defined(__CUDACC__)
 #define FA_HOST_DEVICE __host__ __device__ __forceinline__
 #define FA_DEVICE __device__ __forceinline__
+#define FA_UNROLL _Pragma("unroll")
 #else
 #define FA_HOST_DEVICE inline
 #define FA_DEVICE inline
+#define FA_UNROLL
 #endif

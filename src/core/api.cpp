@@ -8,6 +8,7 @@
 #include "core/backends.h"
 #include "core/build_info.h"
 #include "core/error.h"
+#include "core/extras.h"
 #include "core/validate.h"
 #include "flashattn/flashattn.h"
 
@@ -83,6 +84,8 @@ fa_options fa_default_options(void) {
   return o;
 }
 
+fa_extras fa_default_extras(void) { return fa_extras{}; }
+
 const char* fa_last_error(void) { return last_error(); }
 
 const char* fa_status_string(fa_status status) {
@@ -133,15 +136,26 @@ const char* fa_backend_unavailable_reason(fa_backend backend) {
 
 fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v, fa_tensor* out,
                      fa_tensor* lse, const fa_varlen* varlen, const fa_options* options) {
+  return fa_forward_ex(q, k, v, out, lse, varlen, options, nullptr);
+}
+
+fa_status fa_forward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v, fa_tensor* out,
+                        fa_tensor* lse, const fa_varlen* varlen, const fa_options* options,
+                        const fa_extras* extras) {
   return guarded([&]() -> fa_status {
     AttentionParams p;
     FA_RETURN_IF_ERROR(make_forward_params({q, k, v, out, lse, varlen, options}, &p));
+    FA_RETURN_IF_ERROR(apply_extras(extras, *q, Pass::kForward, &p));
     if (resolve_backend(*options, *q) == FA_BACKEND_CUDA) {
       FA_RETURN_IF_ERROR(cuda::check_forward(p));
       return cuda::forward(p);
     }
     return cpu::forward(p);
   });
+}
+
+fa_status fa_dropout_mask(const fa_extras* extras, fa_tensor* mask) {
+  return guarded([&]() -> fa_status { return dropout_mask(extras, mask); });
 }
 
 fa_status fa_forward_workspace_size(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
@@ -164,12 +178,22 @@ fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v
                       const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
                       fa_tensor* dq, fa_tensor* dk, fa_tensor* dv, const fa_varlen* varlen,
                       const fa_options* options, void* workspace, size_t workspace_bytes) {
+  return fa_backward_ex(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, nullptr, workspace,
+                        workspace_bytes);
+}
+
+fa_status fa_backward_ex(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                         const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                         fa_tensor* dq, fa_tensor* dk, fa_tensor* dv, const fa_varlen* varlen,
+                         const fa_options* options, const fa_extras* extras, void* workspace,
+                         size_t workspace_bytes) {
   return guarded([&]() -> fa_status {
     AttentionParams p;
     FA_RETURN_IF_ERROR(
         make_backward_params({q, k, v, out, dout, lse, dq, dk, dv, varlen, options}, &p));
     FA_RETURN_IF_ERROR(check_workspace({q, k, v, out, dout, lse, dq, dk, dv, varlen, options},
                                        workspace, workspace_bytes));
+    FA_RETURN_IF_ERROR(apply_extras(extras, *q, Pass::kBackward, &p));
     const bool use_cuda = resolve_backend(*options, *q) == FA_BACKEND_CUDA;
     const size_t needed = use_cuda ? cuda::backward_workspace_size(p) : cpu::backward_workspace_size(p);
     if (workspace != nullptr && workspace_bytes < needed) {

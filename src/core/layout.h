@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "attention/mask.h"
+#include "attention/score_mod.h"
 #include "core/params.h"
 
 namespace flashattn {
@@ -28,6 +29,11 @@ FA_HOST_DEVICE SequenceInfo sequence_info(const AttentionParams& p, int b) {
 
 FA_HOST_DEVICE MaskPolicy mask_for(const AttentionParams& p, const SequenceInfo& s) {
   return MaskPolicy{s.seqlen_q, s.seqlen_k, p.window_left, p.window_right};
+}
+
+// The ALiBi term of (sequence b, query head h); slope 0 when ALiBi is off.
+FA_HOST_DEVICE AlibiScore alibi_for(const AttentionParams& p, const SequenceInfo& s, int b, int h) {
+  return AlibiScore{p.has_alibi() ? p.alibi_slope(b, h) : 0.0f, s.seqlen_k - s.seqlen_q};
 }
 
 // Element offset of (sequence b, row r of it, head h) given a tensor's strides.

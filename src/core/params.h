@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "attention/dropout.h"
 #include "attention/host_device.h"
 #include "flashattn/flashattn.h"
 
@@ -65,6 +66,16 @@ struct AttentionParams {
   int window_right = -1;
   bool deterministic = false;
 
+  // Score extras (fa_extras), f32 on `device`, null when off.
+  //   ALiBi slope of (sequence b, query head h) = alibi_slopes[b * alibi_batch_stride + h]
+  //   (stride 0 for one slope per head); sink logit of head h = sinks[h];
+  //   the backward overwrites dsinks[h] with dL/dsinks[h].
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
+  Dropout dropout;  // off unless fa_extras.dropout_p > 0 (attention/dropout.h)
+
   void* stream = nullptr;  // cudaStream_t
   int num_threads = 0;     // CPU backend
   // Persistent GPU kernels: at most this many CTAs (0: one per SM). Tests set
@@ -75,6 +86,12 @@ struct AttentionParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
+  FA_HOST_DEVICE bool has_alibi() const { return alibi_slopes != nullptr; }
+  FA_HOST_DEVICE bool has_sinks() const { return sinks != nullptr; }
+  FA_HOST_DEVICE bool has_dropout() const { return dropout.enabled(); }
+  FA_HOST_DEVICE float alibi_slope(int b, int h) const {
+    return alibi_slopes[b * alibi_batch_stride + h];
+  }
   FA_HOST_DEVICE bool has_mask() const { return window_left >= 0 || window_right >= 0; }
   FA_HOST_DEVICE int group_size() const { return heads_q / heads_kv; }  // query heads per kv head
 };

@@ -58,17 +58,35 @@ void compute_row_d(const AttentionParams& p, float* row_d) {
   });
 }
 
+// dL/dsinks[h] = sum over the head's rows of -exp(sink - lse) * D (score_mod.h),
+// summed in double in row order: deterministic.
+void compute_dsinks(const AttentionParams& p, const float* row_d) {
+  parallel_for(p.heads_q, p.num_threads, [&](int64_t h, int) {
+    const AttentionSink sink{p.sinks[h]};
+    double sum = 0.0;
+    for (int b = 0; b < p.batch; ++b) {
+      const SequenceInfo seq = sequence_info(p, b);
+      for (int i = 0; i < seq.seqlen_q; ++i) {
+        const double lse = p.lse[lse_offset(p, b, seq.row_q, i, static_cast<int>(h))];
+        sum += sink.grad_term(lse, static_cast<double>(row_d[h * p.total_q + seq.row_q + i]));
+      }
+    }
+    p.dsinks[h] = static_cast<float>(sum);
+  });
+}
+
 // For a (query tile, key tile) pair with Q, dO, K^T, V^T, lse and D loaded:
-// s <- P = exp(S - lse) (0 where masked or the row sees nothing),
-// dp <- dS = P * (dP - D) * softcap'(S) * scale, with dP = dO V^T; both P and
-// dS exactly 0 at masked pairs (where exp(-inf - lse) is NaN for a NaN lse and
-// dP is NaN for a masked key's NaN V: neither may leak).
-void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
-                        int k0, int cols, BackwardScratch& w) {
+// s <- P z = exp(S - lse) z (0 where masked or the row sees nothing; z the
+// dropout factor, 1 without), dp <- dS = P * (z dP - D) * softcap'(S) * scale,
+// with dP = dO V^T; bh = b * heads_q + h (the dropout coordinates). Both P and
+// dS are exactly 0 at masked pairs (where exp(-inf - lse) is NaN for a NaN lse
+// and dP is NaN for a masked key's NaN V: neither may leak).
+void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
+                        int bh, int q0, int rows, int k0, int cols, BackwardScratch& w) {
   const int d = p.head_dim;
   matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());  // S = scale * Q K^T
   for (int i = 0; i < rows * kBlockK; ++i) w.s[i] *= p.scale;
-  finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
+  finish_scores(p, mask, alibi, q0, rows, k0, cols, w.s.data());
   matmul_a_bt(w.dout.data(), w.vt.data(), rows, d, w.dp.data());  // dP = dO V^T
   const float inv_cap = p.softcap > 0 ? 1.0f / p.softcap : 0.0f;
   float softcap_grad[kBlockK];  // d/du [c tanh(u/c)] = 1 - (s/c)^2 per key of one row
@@ -81,15 +99,22 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, int q0
       continue;
     }
     if (p.softcap > 0) {
+      // softcap's derivative is a function of the capped score, before the ALiBi term.
       for (int j = 0; j < kBlockK; ++j) {
-        softcap_grad[j] = s[j] == kNegInf ? 0.0f : 1.0f - (s[j] * inv_cap) * (s[j] * inv_cap);
+        const float capped = (s[j] - alibi.bias<float>(q0 + i, k0 + j)) * inv_cap;
+        softcap_grad[j] = s[j] == kNegInf ? 0.0f : 1.0f - capped * capped;
       }
     }
     exp_shifted(s, w.lse[i]);  // P = exp(S - lse); masked scores (-inf) give 0
+    // Dropout (attention/dropout.h): dS = P (z dP - D), and dV takes P z.
+    float z[kBlockK];
+    if (p.has_dropout()) dropout_factors(p.dropout, bh, q0 + i, k0, z);
     for (int j = 0; j < kBlockK; ++j) {
-      float ds = s[j] * (dp[j] - w.row_d[i]);
+      const float zj = p.has_dropout() ? z[j] : 1.0f;
+      float ds = s[j] * (dp[j] * zj - w.row_d[i]);
       if (p.softcap > 0) ds *= softcap_grad[j];
       dp[j] = ds * p.scale;
+      s[j] *= zj;
     }
   }
   if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
@@ -146,10 +171,11 @@ void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, 
   std::fill(dv.begin(), dv.end(), 0.0f);
   const int q_begin = mask.query_begin(k0), q_end = mask.query_end(k0 + cols);
   for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+    const AlibiScore alibi = alibi_for(p, seq, b, h);
     for (int q0 = q_begin / kBlockQ * kBlockQ; q0 < q_end; q0 += kBlockQ) {
       const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
       load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
-      recompute_p_and_ds(p, mask, q0, rows, k0, cols, w);
+      recompute_p_and_ds(p, mask, alibi, b * p.heads_q + h, q0, rows, k0, cols, w);
       // dV += P^T dO ; dK += dS^T Q (the transposes make them the forward's P V product)
       transpose_tile(w.s.data(), rows, w.pt.data());
       transpose_tile(w.dp.data(), rows, w.dst.data());
@@ -172,6 +198,7 @@ void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int
              BackwardScratch& w) {
   const SequenceInfo seq = sequence_info(p, b);
   const MaskPolicy mask = mask_for(p, seq);
+  const AlibiScore alibi = alibi_for(p, seq, b, h);
   const int d = p.head_dim, hk = h / p.group_size();
   const int q0 = q_tile * kBlockQ;
   const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
@@ -185,7 +212,7 @@ void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int
     load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
     load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
     load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data());
-    recompute_p_and_ds(p, mask, q0, rows, k0, cols, w);
+    recompute_p_and_ds(p, mask, alibi, b * p.heads_q + h, q0, rows, k0, cols, w);
     accumulate_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data(),
                    needs_exact(mask, q0, rows, k0, w, w.k.data(), cols, d), [&](int i, int j) {
                      return w.lse[i] != kNegInf && mask.visible(q0 + i, k0 + j);
@@ -211,6 +238,7 @@ fa_status backward(const AttentionParams& p) {
     row_d = owned.get();
   }
   compute_row_d(p, row_d);
+  if (p.has_sinks()) compute_dsinks(p, row_d);
 
   const int threads = resolve_thread_count(p.num_threads);
   std::vector<BackwardScratch> scratch(static_cast<size_t>(threads), BackwardScratch(p.head_dim));

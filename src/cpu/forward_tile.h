@@ -28,7 +28,10 @@ struct ForwardScratch {
 
 // P = exp(S - m_new) per row, with the running max and sum updated and the
 // accumulator rescaled by exp(m - m_new); rows with nothing visible get P = 0.
-inline void online_softmax_step(int rows, int d, ForwardScratch& w) {
+// With dropout, P is multiplied by the keep factors after the sum (l is the
+// normalizer before dropout); bh = b * heads_q + h, the dropout coordinates.
+inline void online_softmax_step(const AttentionParams& p, int bh, int q0, int k0, int rows, int d,
+                                ForwardScratch& w) {
   for (int i = 0; i < rows; ++i) {
     float* si = &w.s[i * kBlockK];
     float m_new = w.row_max[i];
@@ -40,6 +43,11 @@ inline void online_softmax_step(int rows, int d, ForwardScratch& w) {
     const float correction = std::exp(w.row_max[i] - m_new);
     const float sum = exp_shifted(si, m_new);
     w.row_sum[i] = w.row_sum[i] * correction + sum;
+    if (p.has_dropout()) {
+      float z[kBlockK];
+      dropout_factors(p.dropout, bh, q0 + i, k0, z);
+      for (int j = 0; j < kBlockK; ++j) si[j] *= z[j];
+    }
     w.row_max[i] = m_new;
     float* acc = &w.acc[i * d];
     for (int c = 0; c < d; ++c) acc[c] *= correction;
@@ -47,23 +55,32 @@ inline void online_softmax_step(int rows, int d, ForwardScratch& w) {
 }
 
 // O = O / l ; L = m + log(l); a row that saw no key (its max is still -inf)
-// gets O = 0, L = -inf. A NaN max or sum makes O and L NaN (docs/semantics.md).
+// gets O = 0, L = -inf; a NaN max or sum makes O and L NaN (docs/semantics.md).
+// With a sink (score_mod.h): L = logaddexp(L, sink), O *= exp(L_keys - L).
 template <typename Rows>
 void store_tile(const AttentionParams& p, const Rows& rows_of, int q0, int rows, ForwardScratch& w) {
   const int d = p.head_dim;
   for (int i = 0; i < rows; ++i) {
     const float l = w.row_sum[i];
     const bool empty = w.row_max[i] == kNegInf;
-    const float inv_l = 1.0f / l;
+    float lse = empty ? kNegInf : w.row_max[i] + std::log(l);
+    float inv_l = empty ? 0.0f : 1.0f / l;
+    if (p.has_sinks()) {
+      const AttentionSink sink{p.sinks[rows_of.h]};
+      const float lse_keys = lse;
+      lse = sink.lse(lse_keys);
+      inv_l *= sink.output_factor(lse_keys, lse);
+    }
     const int64_t off = rows_of.o(q0 + i);
     for (int c = 0; c < d; ++c) store_from_float(p.out, off + c, p.dtype, empty ? 0.0f : w.acc[i * d + c] * inv_l);
-    if (p.lse != nullptr) p.lse[rows_of.lse(q0 + i)] = empty ? kNegInf : w.row_max[i] + std::log(l);
+    if (p.lse != nullptr) p.lse[rows_of.lse(q0 + i)] = lse;
   }
 }
 
 template <typename Rows>
 void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, ForwardScratch& w) {
   const MaskPolicy& mask = rows_of.mask;
+  const AlibiScore alibi{p.has_alibi() ? p.alibi_slope(rows_of.b, rows_of.h) : 0.0f, mask.diagonal_offset()};
   const int d = p.head_dim;
   const int q0 = q_tile * kBlockQ;
   const int rows = std::min(kBlockQ, mask.seqlen_q - q0);
@@ -84,8 +101,8 @@ void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, For
               w.v.data());
     // S = (scale * Q) K^T, softcapped and masked
     matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());
-    finish_scores(p, mask, q0, rows, k0, cols, w.s.data());
-    online_softmax_step(rows, d, w);
+    finish_scores(p, mask, alibi, q0, rows, k0, cols, w.s.data());
+    online_softmax_step(p, rows_of.b * p.heads_q + rows_of.h, q0, k0, rows, d, w);
     // O += P V; over visible pairs only where the tile is partly masked and V
     // holds a non-finite value (0 x NaN at a masked key would leak: tiles.h).
     const bool exact = !mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK) && !all_finite(w.v.data(), cols * d);

@@ -118,19 +118,33 @@ void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, f
 // anything below 2^-126); returns their sum.
 float exp_shifted(float* s, float shift);
 
-// Scores in place: softcap, then -inf outside the mask (tile origin q0, k0).
-// Partially visible tiles pay for the mask; fully visible ones skip it.
-inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, int q0, int rows,
-                          int k0, int cols, float* s) {
+// Scores in place: softcap, the ALiBi term, then -inf outside the mask (tile
+// origin q0, k0). Partially visible tiles pay for the mask; fully visible ones skip it.
+inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
+                          int q0, int rows, int k0, int cols, float* s) {
   if (p.softcap > 0) {
     const float inv_cap = 1.0f / p.softcap;
     for (int i = 0; i < rows; ++i)
       for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = p.softcap * std::tanh(s[i * kBlockK + j] * inv_cap);
   }
+  if (p.has_alibi()) {
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = alibi(s[i * kBlockK + j], q0 + i, k0 + j);
+  }
   if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < kBlockK; ++j)
       if (j >= cols || !mask.visible(q0 + i, k0 + j)) s[i * kBlockK + j] = kNegInf;
+}
+
+// z[j] = the dropout factor of row i for keys k0 .. k0 + kBlockK - 1 (1 / (1 - p)
+// kept, 0 dropped; attention/dropout.h), one Philox call per 4 keys.
+inline void dropout_factors(const Dropout& d, int bh, int i, int k0, float* z) {
+  static_assert(kBlockK % 4 == 0, "keys in groups of 4");
+  for (int j = 0; j < kBlockK; j += 4) {
+    const unsigned bits = d.keep4(bh, i, (k0 + j) >> 2);
+    for (int e = 0; e < 4; ++e) z[j + e] = (bits >> e) & 1u ? d.scale : 0.0f;
+  }
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -21,7 +21,8 @@ fa_status cuda_error(cudaError_t err, const char* what) {
   return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-fa_status check_device_pointer(const void* ptr, const char* name, int device_index) {
+fa_status check_device_pointer(const void* ptr, const char* name, int device_index,
+                               uintptr_t alignment = kAlignmentBytes) {
   if (ptr == nullptr) return FA_OK;  // empty tensors
   cudaPointerAttributes attr{};
   cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
@@ -38,9 +39,9 @@ fa_status check_device_pointer(const void* ptr, const char* name, int device_ind
                                                std::to_string(attr.device) + ", not cuda:" +
                                                std::to_string(device_index));
   }
-  if (reinterpret_cast<uintptr_t>(ptr) % kAlignmentBytes != 0) {
-    return fail(FA_ERROR_INVALID_ARGUMENT,
-                std::string(name) + " must be 16-byte aligned for the CUDA kernels");
+  if (reinterpret_cast<uintptr_t>(ptr) % alignment != 0) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " must be " + std::to_string(alignment) +
+                                               "-byte aligned for the CUDA kernels");
   }
   return FA_OK;
 }
@@ -100,6 +101,18 @@ fa_status check_common(const AttentionParams& p) {
   return FA_OK;
 }
 
+// The extras' tensors (fa_extras) live on the device too; the kernels read
+// them one f32 at a time. Dropout runs on the CPU backend only for now.
+fa_status check_extras(const AttentionParams& p) {
+  if (p.has_dropout()) {
+    return fail(FA_ERROR_UNSUPPORTED, "dropout (dropout_p > 0) is not implemented in the CUDA kernels yet; "
+                                      "use the CPU backend");
+  }
+  FA_RETURN_IF_ERROR(check_device_pointer(p.alibi_slopes, "alibi_slopes", p.device_index, sizeof(float)));
+  FA_RETURN_IF_ERROR(check_device_pointer(p.sinks, "sinks", p.device_index, sizeof(float)));
+  return check_device_pointer(p.dsinks, "dsinks", p.device_index, sizeof(float));
+}
+
 }  // namespace
 
 bool available(const char** why) {
@@ -123,6 +136,7 @@ fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_inde
 
 fa_status check_forward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
+  FA_RETURN_IF_ERROR(check_extras(p));
   return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
 }
 
@@ -159,6 +173,7 @@ fa_status stream_is_capturing(void* stream, int device_index, bool* capturing) {
 
 fa_status check_backward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
+  FA_RETURN_IF_ERROR(check_extras(p));
   FA_RETURN_IF_ERROR(check_row_strides(
       {p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
        p.do_head_stride, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride,

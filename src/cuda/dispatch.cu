@@ -34,6 +34,7 @@ fa_status device_error(cudaError_t err, const char* what) {
 template <typename T>
 fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws) {
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
+  FA_RETURN_IF_ERROR(bwd::run_sink_grad(p, ws));
   fa_status s = FA_ERROR_UNSUPPORTED;
   if (sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_backward_main(p, ws);

@@ -42,10 +42,13 @@ double dot(const double* a, const double* b, int n) {
   return s;
 }
 
-// Scores of query row i against every key: softcap(scale * q.k), -inf where masked.
-// Returns the number of visible keys.
-int score_row(const AttentionParams& p, const MaskPolicy& mask, const Rounder& round,
-              const double* q_row, const std::vector<double>& k, int i, std::vector<double>& s) {
+// Scores of query row i against every key: softcap(scale * q.k) minus the
+// ALiBi distance penalty, -inf where masked; capped[j] gets the score before
+// the ALiBi term (softcap's derivative is a function of it). Returns the
+// number of visible keys.
+int score_row(const AttentionParams& p, const MaskPolicy& mask, double alibi_slope,
+              const Rounder& round, const double* q_row, const std::vector<double>& k, int i,
+              std::vector<double>& s, std::vector<double>& capped) {
   const int d = p.head_dim;
   int visible = 0;
   for (int j = 0; j < mask.seqlen_k; ++j) {
@@ -55,23 +58,47 @@ int score_row(const AttentionParams& p, const MaskPolicy& mask, const Rounder& r
     }
     double x = round(round(dot(q_row, &k[static_cast<size_t>(j) * d], d)) * p.scale);
     if (p.softcap > 0) x = round(p.softcap * std::tanh(x / p.softcap));
+    capped[j] = x;
+    if (p.has_alibi()) x = round(x - alibi_slope * std::abs(i + mask.seqlen_k - mask.seqlen_q - j));
     s[j] = x;
     ++visible;
   }
   return visible;
 }
 
-// p_j = exp(s_j - lse), with lse = log(sum_j exp(s_j)); returns lse. A NaN
-// score makes the max, lse and every p_j NaN (std::max would drop it); a row
-// whose scores are all -inf gets lse = -inf and p = 0.
-double softmax_row(const std::vector<double>& s, int n, std::vector<double>& prob) {
-  double m = kNegInf;
+// p_j = exp(s_j - lse), with lse = log(exp(sink) + sum_j exp(s_j)) (sink =
+// -inf when there is none); returns lse (-inf for a row with no key and no
+// sink, or only -inf scores). A NaN score makes the max, lse and every p_j NaN
+// (std::max would drop it).
+double softmax_row(const std::vector<double>& s, int n, double sink, std::vector<double>& prob) {
+  double m = sink;
   for (int j = 0; j < n; ++j) m = (s[j] > m || std::isnan(s[j])) ? s[j] : m;
-  double sum = 0;
+  if (m == kNegInf) {
+    std::fill(prob.begin(), prob.begin() + n, 0.0);
+    return kNegInf;
+  }
+  double sum = sink == kNegInf ? 0.0 : std::exp(sink - m);
   for (int j = 0; j < n; ++j) sum += s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
   const double lse = m + std::log(sum);
   for (int j = 0; j < n; ++j) prob[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - lse);
   return lse;
+}
+
+double sink_of(const AttentionParams& p, int h) {
+  return p.has_sinks() ? static_cast<double>(p.sinks[h]) : kNegInf;
+}
+
+// The dropout factor z_ij of (sequence b, head h): 1/(1-p) kept, 0 dropped,
+// 1 without dropout. The keep bits are the library's (attention/dropout.h: the
+// RNG is part of the definition); what is done with them is written out here.
+double dropout_factor(const AttentionParams& p, int b, int h, int i, int j) {
+  if (!p.has_dropout()) return 1.0;
+  return p.dropout.keep(b * p.heads_q + h, i, j) ? 1.0 / (1.0 - static_cast<double>(p.dropout.threshold) / 4294967296.0)
+                                                 : 0.0;
+}
+
+double slope_of(const AttentionParams& p, int b, int h) {
+  return p.has_alibi() ? static_cast<double>(p.alibi_slope(b, h)) : 0.0;
 }
 
 }  // namespace
@@ -90,21 +117,22 @@ namespace {
 // k and v (seqlen_k x d) in double; output row i goes to canonical row first_row + i.
 void attend_head(const AttentionParams& p, const MaskPolicy& mask, const Rounder& round,
                  const std::vector<double>& q, const std::vector<double>& k,
-                 const std::vector<double>& v, int64_t first_row, int h, int row_stride,
+                 const std::vector<double>& v, int b, int64_t first_row, int h, int row_stride,
                  ForwardResult& r) {
   const int d = p.head_dim;
-  std::vector<double> s(mask.seqlen_k), prob(mask.seqlen_k);
+  std::vector<double> s(mask.seqlen_k), capped(mask.seqlen_k), prob(mask.seqlen_k);
+  const double sink = sink_of(p, h), slope = slope_of(p, b, h);
   for (int i = 0; i < mask.seqlen_q; i += row_stride) {
     const int64_t row = first_row + i;
-    if (score_row(p, mask, round, &q[static_cast<size_t>(i) * d], k, i, s) == 0) continue;
-    const double lse = softmax_row(s, mask.seqlen_k, prob);
-    if (lse == kNegInf) continue;  // every visible score is -inf: as if no key were visible
+    score_row(p, mask, slope, round, &q[static_cast<size_t>(i) * d], k, i, s, capped);
+    const double lse = softmax_row(s, mask.seqlen_k, sink, prob);
+    if (lse == kNegInf) continue;  // no visible key (or only -inf scores) and no sink: out 0
     r.lse[static_cast<size_t>(h) * p.total_q + row] = lse;
     double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
     // Every visible key enters, even at weight 0 (0 x NaN = NaN); masked keys never do.
     for (int j = 0; j < mask.seqlen_k; ++j) {
       if (!mask.visible(i, j)) continue;
-      const double pj = round(prob[j]);
+      const double pj = round(round(prob[j]) * dropout_factor(p, b, h, i, j));
       for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
     }
     for (int c = 0; c < d; ++c) o[c] = round(o[c]);
@@ -133,7 +161,7 @@ ForwardResult forward(const AttentionParams& p, Precision precision, int row_str
                              p.k_row_stride, p.k_head_stride);
     const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, seq.seqlen_k, hk, p.v_batch_stride,
                              p.v_row_stride, p.v_head_stride);
-    attend_head(p, mask_for(p, seq), round, q, k, v, seq.row_q, h, row_stride, r);
+    attend_head(p, mask_for(p, seq), round, q, k, v, b, seq.row_q, h, row_stride, r);
   });
   return r;
 }
@@ -212,7 +240,7 @@ KvCacheResult forward_kvcache(const KvCacheParams& kp, Precision precision) {
     }
     const auto k = sequence_keys(kp, b, hk, false, r.k_appended);
     const auto v = sequence_keys(kp, b, hk, true, r.v_appended);
-    attend_head(p, kp.mask(b), round, q, k, v, int64_t{b} * p.seqlen_q, h, 1, r.attention);
+    attend_head(p, kp.mask(b), round, q, k, v, b, int64_t{b} * p.seqlen_q, h, 1, r.attention);
   });
   return r;
 }
@@ -224,6 +252,8 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
   r.dq.assign(static_cast<size_t>(p.total_q) * p.heads_q * d, 0.0);
   r.dk.assign(static_cast<size_t>(p.total_k) * p.heads_kv * d, 0.0);
   r.dv.assign(static_cast<size_t>(p.total_k) * p.heads_kv * d, 0.0);
+  // dL/dsink per (sequence, head), summed over sequences at the end.
+  std::vector<double> dsink_parts(static_cast<size_t>(p.batch) * p.heads_q, 0.0);
   // One item per (sequence, kv head): the query heads of a group add into the
   // same dk/dv rows, so they stay in one thread.
   parallel_for(static_cast<int64_t>(p.batch) * p.heads_kv, p.num_threads, [&](int64_t item, int) {
@@ -236,8 +266,9 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
     const auto v = load_rows(p.v, p.dtype, p, b, seq.row_k, sk, hk, p.v_batch_stride,
                              p.v_row_stride, p.v_head_stride);
     std::vector<double> dk(static_cast<size_t>(sk) * d, 0.0), dv(static_cast<size_t>(sk) * d, 0.0);
-    std::vector<double> s(sk), prob(sk), dp(sk);
+    std::vector<double> s(sk), capped(sk), prob(sk), dp(sk);
     for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+      const double sink = sink_of(p, h), slope = slope_of(p, b, h);
       const auto q = load_rows(p.q, p.dtype, p, b, seq.row_q, seq.seqlen_q, h, p.q_batch_stride,
                                p.q_row_stride, p.q_head_stride);
       const auto dout = load_rows(p.dout, p.dtype, p, b, seq.row_q, seq.seqlen_q, h,
@@ -245,15 +276,22 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
       for (int i = 0; i < seq.seqlen_q; ++i) {
         const double* qi = &q[static_cast<size_t>(i) * d];
         const double* doi = &dout[static_cast<size_t>(i) * d];
-        if (score_row(p, mask, round, qi, k, i, s) == 0) continue;  // no key: zero gradients
-        if (softmax_row(s, sk, prob) == kNegInf) continue;  // only -inf scores: likewise
-        // dP = dO V^T ; D = rowsum(P * dP) (= rowsum(dO * O)), over visible keys only
+        if (score_row(p, mask, slope, round, qi, k, i, s, capped) == 0) continue;  // no key: zero gradients
+        const double lse = softmax_row(s, sk, sink, prob);
+        if (lse == kNegInf) continue;  // only -inf scores and no sink: likewise
+        // dP = dO V^T, through dropout z dP; D = rowsum(P * z * dP) (= rowsum(dO * O)),
+        // over visible keys only (every one enters, even at weight 0: 0 x NaN = NaN)
         double row_d = 0;
         for (int j = 0; j < sk; ++j) {
           if (!mask.visible(i, j)) continue;
           prob[j] = round(prob[j]);
-          dp[j] = round(dot(doi, &v[static_cast<size_t>(j) * d], d));
+          dp[j] = round(dot(doi, &v[static_cast<size_t>(j) * d], d) * dropout_factor(p, b, h, i, j));
           row_d += prob[j] * dp[j];
+        }
+        // The sink's probability exp(sink - lse); d lse / d sink = P_sink, so
+        // dL/dsink = sum_j dL/dP_j dP_j/dsink = -P_sink sum_j P_j dP_j = -P_sink D.
+        if (p.has_sinks()) {
+          dsink_parts[static_cast<size_t>(b) * p.heads_q + h] -= std::exp(sink - lse) * row_d;
         }
         double* dqi = &r.dq[(static_cast<size_t>(seq.row_q + i) * p.heads_q + h) * d];
         for (int j = 0; j < sk; ++j) {
@@ -261,15 +299,16 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
           // dS = P * (dP - D); through softcap: d/du [c tanh(u/c)] = 1 - (s/c)^2; then scale.
           double ds = round(prob[j] * (dp[j] - row_d));
           if (p.softcap > 0) {
-            const double t = s[j] / p.softcap;
+            const double t = capped[j] / p.softcap;
             ds = round(ds * (1.0 - t * t));
           }
           ds = round(ds * p.scale);
           const double* kj = &k[static_cast<size_t>(j) * d];
+          const double dropped_prob = round(prob[j] * dropout_factor(p, b, h, i, j));
           for (int c = 0; c < d; ++c) {
             dqi[c] += ds * kj[c];
             dk[static_cast<size_t>(j) * d + c] += ds * qi[c];
-            dv[static_cast<size_t>(j) * d + c] += prob[j] * doi[c];
+            dv[static_cast<size_t>(j) * d + c] += dropped_prob * doi[c];
           }
         }
         for (int c = 0; c < d; ++c) dqi[c] = round(dqi[c]);
@@ -284,6 +323,11 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
       }
     }
   });
+  if (p.has_sinks()) {
+    r.dsinks.assign(static_cast<size_t>(p.heads_q), 0.0);
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads_q; ++h) r.dsinks[h] += dsink_parts[static_cast<size_t>(b) * p.heads_q + h];
+  }
   return r;
 }
 

@@ -1,5 +1,6 @@
 // Naive attention that materializes S and P, forward and backward, with every
-// option of the API. It is what every backend is tested against.
+// option of the API (softcap, ALiBi and sinks written out here on their own,
+// not through the attention/ policy types the backends use). It is what every backend is tested against.
 //
 // Inputs are read through AttentionParams (host pointers, any dtype, any
 // strides); results come back in a canonical layout:
@@ -30,6 +31,7 @@ struct BackwardResult {
   std::vector<double> dq;
   std::vector<double> dk;
   std::vector<double> dv;
+  std::vector<double> dsinks;  // [heads_q], when the params have sinks
 };
 
 // Only query rows with (row % row_stride == 0) are computed when row_stride > 1

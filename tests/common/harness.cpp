@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/extras.h"
 #include "core/validate.h"
 
 namespace flashattn::testing {
@@ -78,6 +79,27 @@ void add_element(Comparison& c, double got, double exact, double naive, bool nan
     c.max_error = std::max(c.max_error, std::abs(got - exact));
     c.baseline_error = std::max(c.baseline_error, std::abs(naive - exact));
   }
+// An f32 tensor of shape (heads) or (batch, heads), contiguous.
+HostTensor make_per_head(int batch, int heads, bool batched) {
+  HostTensor t;
+  t.desc.dtype = FA_F32;
+  t.desc.device = FA_DEVICE_CPU;
+  t.desc.ndim = batched ? 2 : 1;
+  t.desc.shape[0] = batched ? batch : heads;
+  t.desc.strides[0] = batched ? heads : 1;
+  if (batched) {
+    t.desc.shape[1] = heads;
+    t.desc.strides[1] = 1;
+  }
+  t.bytes.assign(static_cast<size_t>(batched ? batch * heads : heads) * sizeof(float), 0);
+  t.rebind();
+  return t;
+}
+
+void fill_uniform(HostTensor& t, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  float* x = reinterpret_cast<float*>(t.bytes.data());
+  for (size_t i = 0; i < t.bytes.size() / sizeof(float); ++i) x[i] = u(rng);
 }
 
 Comparison finish(Comparison c, double atol) {
@@ -98,6 +120,9 @@ std::string Case::name() const {
   if (scale > 0) s << "_scale" << scale;
   if (is_varlen()) s << "_varlen";
   if (row_pad) s << "_pad" << row_pad;
+  if (alibi != Alibi::kOff) s << (alibi == Alibi::kPerHead ? "_alibi" : "_alibib");
+  if (sinks) s << "_sinks";
+  if (dropout_p > 0) s << "_drop" << dropout_p;
   s << "_s" << seed;
   // Test names allow only letters, digits and '_'.
   std::string name = s.str();
@@ -140,6 +165,14 @@ Problem make_problem(const Case& c_in) {
   fill(p.k, rng, 1.0);
   fill(p.v, rng, 1.0);
   fill(p.dout, rng, 1.0);
+  if (c.alibi != Case::Alibi::kOff) {
+    p.alibi_slopes = make_per_head(c.batch, c.heads_q, c.alibi == Case::Alibi::kPerBatchHead);
+    fill_uniform(p.alibi_slopes, rng, 0.01f, 0.3f);
+  }
+  if (c.sinks) {
+    p.sinks = make_per_head(c.batch, c.heads_q, false);
+    fill(p.sinks, rng, 2.0);
+  }
   p.varlen.cu_seqlens_q = p.cu_seqlens_q.data();
   p.varlen.cu_seqlens_k = p.cu_seqlens_k.data();
   p.varlen.batch = c.batch;
@@ -152,6 +185,25 @@ Problem make_problem(const Case& c_in) {
   p.options.window_right = c.window_right;
   p.options.softcap = c.softcap;
   return p;
+}
+
+// Any offset: the tests only need the forward's and the backward's to agree.
+constexpr uint64_t kDropoutOffset = 7;
+
+fa_extras Problem::extras() const {
+  fa_extras e = fa_default_extras();
+  if (c.alibi != Case::Alibi::kOff) e.alibi_slopes = &alibi_slopes.desc;
+  if (c.sinks) e.sinks = &sinks.desc;
+  e.dropout_p = c.dropout_p;
+  e.dropout_seed = c.seed * 0x9e3779b97f4a7c15ull;  // both key words vary with the case
+  e.dropout_offset = kDropoutOffset;
+  return e;
+}
+
+HostTensor Problem::poisoned_dsinks() const {
+  HostTensor t = make_per_head(c.batch, c.heads_q, false);
+  poison(t);
+  return t;
 }
 
 HostTensor Problem::poisoned_like_q() const {
@@ -204,6 +256,10 @@ AttentionParams Problem::host_params() const {
   if (make_shape_params(&q.desc, &k.desc, &v.desc, varlen_ptr(), &o, &params) != FA_OK) {
     throw std::runtime_error(std::string("invalid test case: ") + last_error());
   }
+  const fa_extras e = extras();
+  if (apply_extras(&e, q.desc, Pass::kForward, &params) != FA_OK) {
+    throw std::runtime_error(std::string("invalid test extras: ") + last_error());
+  }
   params.dout = dout.desc.data;  // laid out exactly like q
   params.do_batch_stride = params.q_batch_stride;
   params.do_row_stride = params.q_row_stride;
@@ -253,6 +309,14 @@ Comparison compare_rows(const HostTensor& got, const std::vector<double>& exact,
     }
   }
   return finish(c, atol);
+}
+
+std::vector<std::pair<const char*, Comparison>> compare_gradients(const HostTensor& dq, const HostTensor& dk,
+                                                                  const HostTensor& dv, const Expected& e,
+                                                                  double atol) {
+  return {{"dq", compare_rows(dq, e.exact_grad.dq, e.naive_grad.dq, atol)},
+          {"dk", compare_rows(dk, e.exact_grad.dk, e.naive_grad.dk, atol)},
+          {"dv", compare_rows(dv, e.exact_grad.dv, e.naive_grad.dv, atol)}};
 }
 
 Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,

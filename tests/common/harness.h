@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/params.h"
@@ -35,6 +36,12 @@ struct Case {
   // Extra elements at the end of each row of q/k/v/out (a multiple of 8 keeps
   // 16-byte alignment): non-contiguous strides.
   int row_pad = 0;
+  // Score extras (fa_extras): ALiBi slopes per query head or per (sequence,
+  // head), random in [0.01, 0.3]; a random sink logit per query head.
+  enum class Alibi { kOff, kPerHead, kPerBatchHead };
+  Alibi alibi = Alibi::kOff;
+  bool sinks = false;
+  float dropout_p = 0.0f;  // with seed `seed` and offset 7 (fa_extras)
   uint64_t seed = 1;
 
   bool is_varlen() const { return !varlen_q.empty(); }
@@ -54,11 +61,16 @@ struct HostTensor {
 struct Problem {
   Case c;
   HostTensor q, k, v, dout;
+  HostTensor alibi_slopes, sinks;  // f32, empty when off
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
   fa_varlen varlen{};
   fa_options options{};
 
   const fa_varlen* varlen_ptr() const { return c.is_varlen() ? &varlen : nullptr; }
+  // The extras over this problem's tensors (rebuilt per call: a Problem may move).
+  fa_extras extras() const;
+  // A poisoned f32 (heads_q) tensor for the sinks' gradient.
+  HostTensor poisoned_dsinks() const;
   // Params over the host tensors, for the reference.
   AttentionParams host_params() const;
   // Output tensors shaped like q / k, and the lse, poisoned with NaN.
@@ -106,6 +118,11 @@ Comparison compare_lse(const HostTensor& got, const std::vector<double>& exact,
 // expectations, one per gradient); nan_exact as in compare_rows.
 void expect_gradients_match(const Problem& p, const HostTensor& dq, const HostTensor& dk,
                             const HostTensor& dv, bool nan_exact = false);
+
+// dq, dk, dv against the reference gradients: (name, comparison) for each.
+std::vector<std::pair<const char*, Comparison>> compare_gradients(const HostTensor& dq, const HostTensor& dk,
+                                                                  const HostTensor& dv, const Expected& e,
+                                                                  double atol);
 
 // Reads element (row, head, col) of a q-like / k-like tensor as double.
 double read_row_element(const HostTensor& t, int64_t row, int head, int col);

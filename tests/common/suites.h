@@ -125,4 +125,111 @@ inline std::vector<Case> attention_suite(const std::vector<fa_dtype>& dtypes,
   return cases;
 }
 
+// A causal variable-length batch with empty sequences on either side, GQA 4:2.
+inline Case varlen_causal_case(fa_dtype dt, uint64_t seed) {
+  Case c = make_case(dt, 0, 0, 64, seed);
+  c.varlen_q = {7, 0, 113, 64, 1};
+  c.varlen_k = {9, 5, 203, 0, 1};
+  c.heads_q = 4;
+  c.causal = true;
+  return c;
+}
+
+// Score extras (ALiBi, sinks) alone and together, combined with causal,
+// window, softcap, GQA, varlen and odd sizes, at head dim 64, then both at
+// every head dim in `head_dims`.
+inline std::vector<Case> variants_suite(const std::vector<fa_dtype>& dtypes,
+                                        const std::vector<int>& head_dims) {
+  using Alibi = Case::Alibi;
+  struct Extras {
+    Alibi alibi;
+    bool sinks;
+  };
+  std::vector<Case> cases;
+  uint64_t seed = 1000;
+  for (fa_dtype dt : dtypes) {
+    for (Extras x : {Extras{Alibi::kPerHead, false}, Extras{Alibi::kOff, true},
+                     Extras{Alibi::kPerBatchHead, true}}) {
+      const auto with = [&](Case c) {
+        c.alibi = x.alibi;
+        c.sinks = x.sinks;
+        cases.push_back(c);
+      };
+      for (auto [sq, sk] : std::vector<std::pair<int, int>>{{1, 1}, {7, 7}, {113, 203}, {1, 239}}) {
+        with(make_case(dt, sq, sk, 64, seed++));
+      }
+      Case c = make_case(dt, 203, 113, 64, seed++);
+      c.causal = true;  // leading rows see no key: out 0, lse = sink (or -inf)
+      with(c);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.window_left = 32;
+      c.window_right = 0;
+      with(c);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.softcap = 5.0f;
+      c.causal = true;
+      with(c);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.causal = true;
+      c.batch = 2;
+      with(c);
+      with(varlen_causal_case(dt, seed++));
+    }
+    for (int d : head_dims) {
+      Case c = make_case(dt, 113, 203, d, seed++);
+      c.alibi = Alibi::kPerHead;
+      c.sinks = true;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+// Dropout (p = 0.17 and 0.5) alone and with causal, windows, softcap, GQA,
+// varlen, ALiBi and sinks, odd sizes; every head dim in `head_dims` once.
+// NOTES: no row sees a single key here. There P = 1 and dS = z dP - D = 0
+// exactly; naive attention gets 0, the backends form D = dO . O from O
+// rounded to the dtype (z V is not exact in it), leaving u |dP|, which the
+// 2x-naive rule has no room for. Without dropout O = V is exact.
+inline std::vector<Case> dropout_suite(const std::vector<fa_dtype>& dtypes,
+                                       const std::vector<int>& head_dims) {
+  std::vector<Case> cases;
+  uint64_t seed = 2000;
+  for (fa_dtype dt : dtypes) {
+    for (float p : {0.17f, 0.5f}) {
+      const auto with = [&](Case c) {
+        c.dropout_p = p;
+        cases.push_back(c);
+      };
+      for (auto [sq, sk] : std::vector<std::pair<int, int>>{{1, 17}, {7, 7}, {113, 203}, {203, 113}}) {
+        Case c = make_case(dt, sq, sk, 64, seed++);
+        with(c);
+        c.causal = sq <= sk;  // causal with sq > sk: the first key row sees one key
+        if (c.causal) with(c);
+      }
+      Case c = make_case(dt, 113, 203, 64, seed++);
+      c.window_left = 20;
+      c.window_right = 5;
+      c.softcap = 5.0f;
+      with(c);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.batch = 2;
+      c.alibi = Case::Alibi::kPerHead;
+      c.sinks = true;
+      with(c);
+      with(varlen_causal_case(dt, seed++));
+    }
+    for (int d : head_dims) {
+      Case c = make_case(dt, 113, 203, d, seed++);
+      c.dropout_p = 0.3f;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 }  // namespace flashattn::testing

@@ -49,5 +49,7 @@ template <typename T>
 fa_status run_prepass(const AttentionParams& p, const Workspace& ws);
 template <typename T>
 fa_status run_postpass(const AttentionParams& p, const Workspace& ws);
+// With sinks: dL/dsinks from the pre-pass's D and the lse (sinks.cu); no-op otherwise.
+fa_status run_sink_grad(const AttentionParams& p, const Workspace& ws);
 
 }  // namespace flashattn::cuda::bwd

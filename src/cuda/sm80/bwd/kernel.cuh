@@ -51,6 +51,7 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "attention/mask.h"
+#include "attention/score_mod.h"
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/flags.h"
@@ -241,6 +242,7 @@ __device__ __forceinline__ void wait_for_predecessor(const AttentionParams& p, c
 
 struct ScoreArgs {
   float softcap, inv_cap, scale_log2;
+  AlibiScore alibi_log2;  // ALiBi with its slope times log2 e (slope 0 when off)
   uint32_t lse, row_d;  // shared addresses: per-row lse and D of the tile
   uint32_t p, ds;       // shared addresses: P and dS tiles
   int m0, n0, g, t;  // warp tile origin, lane coordinates
@@ -248,11 +250,17 @@ struct ScoreArgs {
   MaskPolicy mask;
 };
 
+// Which score modifiers the per-element code applies: none, softcap, or any
+// (softcap when a.softcap > 0, and ALiBi): the first two keep their own
+// bodies, so runs without ALiBi execute the same instructions as before it.
+enum class ScoreMode { kPlain, kSoftcap, kAny };
+
 // P = exp(S - lse), dS = P * (dP - D) * softcap'(S) from the S and dP
 // accumulators of one warp, stored as 16-bit into the shared P and dS tiles.
+// ALiBi adds its bias to the logit (its derivative is 1: dS is unchanged).
 // full: every (row, key) of the tile is visible; else each row's visible keys
 // [lo, hi) come from the MaskPolicy.
-template <bool kSoftcap, int PS, typename T, int MT, int NT>
+template <ScoreMode kMode, int PS, typename T, int MT, int NT>
 __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
                                                const float (&acc_dp)[MT][NT][4],
                                                const ScoreArgs& a, bool full) {
@@ -288,10 +296,20 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
         for (int e = 0; e < 2; ++e) {
           const float x = acc_s[mi][ni][half * 2 + e];
           float pr, dcap = 1.0f;
-          if constexpr (kSoftcap) {
+          if constexpr (kMode == ScoreMode::kSoftcap) {
             const float th = tanhf(x * a.inv_cap);
             pr = x == -INFINITY ? 0.0f : fast_exp2(a.softcap * th * kLog2e - lse_log2);
             dcap = 1.0f - th * th;
+          } else if constexpr (kMode == ScoreMode::kAny) {
+            // logit * log2 e = softcap(scale x) log2 e + bias log2 e
+            float logit2 = x * a.scale_log2;
+            if (a.softcap > 0.0f) {
+              const float th = tanhf(x * a.inv_cap);
+              logit2 = a.softcap * th * kLog2e;
+              dcap = 1.0f - th * th;
+            }
+            logit2 = a.alibi_log2(logit2, a.q0 + r, a.k0 + c + e);
+            pr = x == -INFINITY ? 0.0f : fast_exp2(logit2 - lse_log2);
           } else {
             pr = fast_exp2(x * a.scale_log2 - lse_log2);  // exp2(-inf) = 0 where masked
           }
@@ -414,6 +432,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float scale_log2 = ws.scale_log2;
   const bool softcap = p.softcap > 0.0f;
   const float inv_cap = ws.inv_softcap;
+  // ALiBi of query head h in base 2 (the walk visits the group's query heads).
+  const bool alibi = p.has_alibi();
+  auto alibi_log2 = [&](int h) {
+    return AlibiScore{alibi ? p.alibi_slope(b, h) * kLog2e : 0.0f, seq.seqlen_k - seq.seqlen_q};
+  };
 
   // This warp's tile origins.
   const int sdp_m0 = (warp / kSdpWN) * (BM / kSdpWM), sdp_n0 = (warp % kSdpWN) * (BN / kSdpWN);
@@ -460,12 +483,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       warp_gemm2<kSdpMT, kSdpNT, D, false, false, T>(acc_s, acc_dp, aQ + 2u * sdp_m0 * RS,
                                                      adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
                                                      aV + 2u * n0 * RS, RS, lane);
-      // Masking and softcap are runtime options; the per-element code is
-      // specialized on softcap (tanh and its derivative) only.
-      const ScoreArgs sa{p.softcap, inv_cap, scale_log2, aLse, aD, aP, adS, sdp_m0, n0,
+      // Masking, softcap and ALiBi are runtime options; the per-element code
+      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only.
+      const ScoreArgs sa{p.softcap, inv_cap, scale_log2, alibi_log2(h), aLse, aD, aP, adS, sdp_m0, n0,
                          g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask};
-      if (softcap) scores_to_p_ds<true, PS, T>(acc_s, acc_dp, sa, full);
-      else scores_to_p_ds<false, PS, T>(acc_s, acc_dp, sa, full);
+      if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full);
+      else if (softcap) scores_to_p_ds<ScoreMode::kSoftcap, PS, T>(acc_s, acc_dp, sa, full);
+      else scores_to_p_ds<ScoreMode::kPlain, PS, T>(acc_s, acc_dp, sa, full);
     }
     __syncthreads();
 

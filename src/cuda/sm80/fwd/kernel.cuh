@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "attention/mask.h"
+#include "attention/score_mod.h"
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/launch_env.h"
@@ -356,7 +357,18 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
   };
 
-  // Softcap, s -> softcap * tanh(s * scale / softcap), and the mask (-inf where
+  // fn(score, row, key) on every element of this warp's S (keys from n0).
+  auto for_each_score = [&](Scores& s, int n0, auto&& fn) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          fn(s[mt][nt][e], m0 + warp_row + mt * 16 + g + (e >> 1) * 8, n0 + nt * 8 + 2 * t + (e & 1));
+  };
+
+  // Softcap, s -> softcap * tanh(s * scale / softcap), ALiBi, and the mask (-inf where
   // key col of row is not visible).
   // NOTES: tanh(x) = 1 - 2 / (e^(2x) + 1): one ex2 and one rcp, no branch.
   // libm tanhf branches on |x|, and at d = 64, N = 128 that body spilled; the
@@ -372,13 +384,16 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     if (softcap) {
       const float cap_in2 = 2.0f * kLog2e * p.scale / p.softcap;
       const float cap2 = -2.0f * p.softcap;
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[mt][nt][e] = fmaf(cap2, fast_rcp(fast_exp2(s[mt][nt][e] * cap_in2) + 1.0f), p.softcap);
+      for_each_score(s, n0, [&](float& x, int, int) {
+        x = fmaf(cap2, fast_rcp(fast_exp2(x * cap_in2) + 1.0f), p.softcap);
+      });
+    }
+    if (p.has_alibi()) {
+      // ALiBi (score_mod.h) in the units of s: the logit bias divided by the
+      // factor scale_log2 / log2 e that s still gets (1 with softcap). Built
+      // here, not held across the loop (at d 256 that spilled).
+      const AlibiScore alibi_s{p.alibi_slope(b, h) / (softcap ? 1.0f : p.scale), mask.diagonal_offset()};
+      for_each_score(s, n0, [&](float& x, int row, int col) { x = alibi_s(x, row, col); });
     }
     if constexpr (kNT >= 16) {
       const int col0 = n0 + 2 * t;
@@ -398,16 +413,9 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
             }
         }
     } else {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + warp_row + mt * 16 + g + (e >> 1) * 8;
-            const int col = n0 + nt * 8 + 2 * t + (e & 1);
-            if (!mask.visible(row, col)) s[mt][nt][e] = -INFINITY;
-          }
+      for_each_score(s, n0, [&](float& x, int row, int col) {
+        if (!mask.visible(row, col)) x = -INFINITY;
+      });
     }
   };
 
@@ -533,9 +541,10 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
   }
 
-  // Only tiles the mask cuts (or that run past seqlen_k) pay for masking.
+  // Only tiles the mask cuts (or that run past seqlen_k) pay for masking;
+  // a score modifier (softcap, ALiBi) takes the same body on every tile.
   auto needs_mask = [&](int n0) {
-    return softcap || !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN);
+    return softcap || p.has_alibi() || !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN);
   };
 
   if constexpr (!Cfg::kOverlapQK) {
@@ -646,7 +655,14 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const float l = l_rows[mt][hf];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float lse = l > 0.0f ? (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+      if (p.has_sinks()) {  // the sink's share of the denominator (score_mod.h)
+        const AttentionSink sink{p.sinks[h]};
+        const float lse_keys = lse;
+        lse = sink.lse(lse_keys);
+        inv *= sink.output_factor(lse_keys, lse);
+      }
       const int r = warp_row + mt * 16 + g + hf * 8;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
@@ -661,7 +677,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
         const int64_t off = varlen ? h * p.lse_head_stride + (seq.row_q + m0 + r) * p.lse_row_stride
                                    : b * p.lse_batch_stride + h * p.lse_head_stride +
                                          static_cast<int64_t>(m0 + r) * p.lse_row_stride;
-        p.lse[off] = l > 0.0f ? (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+        p.lse[off] = lse;
       }
     }
   __syncthreads();

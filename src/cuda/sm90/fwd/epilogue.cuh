@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attention/state.h"
+#include "attention/score_mod.h"
 #include "core/layout.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
@@ -176,7 +177,8 @@ struct Epilogue {
     }
   }
 
-  // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then).
+  // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then),
+  // both with the sink's share when there is one.
   // l holds per-thread partial sums: the quad reduction happens here, once.
   __device__ __forceinline__ void finish(const RowTile& t, float (&o)[D / 2], float (&m)[2], float (&l)[2]) const {
     const TileWork& w = t.w;
@@ -201,6 +203,19 @@ struct Epilogue {
         for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
       }
     }
+    // lse = max logit + log l; with a sink, its share of the denominator
+    // rescales O and joins the lse (score_mod.h, AttentionSink).
+    float lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lse[r] = l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
+      if (p.has_sinks()) {
+        const AttentionSink sink{p.sinks[w.h]};
+        const float lse_keys = lse[r];
+        lse[r] = sink.lse(lse_keys);
+        inv[r] *= sink.output_factor(lse_keys, lse[r]);
+      }
+    }
     bool o_stored = false;
     if constexpr (K::kOTma) {
       if (!p.is_varlen() && !merged) {
@@ -223,8 +238,7 @@ struct Epilogue {
       const bool row_ok = row < w.seq.seqlen_q;
       if (!o_stored) store_row(t, r, row_ok, o, inv);
       if (row_ok && p.lse != nullptr && lane % 4 == 0) {
-        p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] =
-            l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
+        p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] = lse[r];
       }
     }
   }

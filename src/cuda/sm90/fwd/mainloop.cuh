@@ -82,13 +82,14 @@ struct Consumer {
     for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
     wgmma_commit();
   }
-  // Softcap, mask and online softmax of sc for key tile n of tile t; the
+  // Softcap, ALiBi, mask and online softmax of sc for key tile n of tile t; the
   // correction for O goes to corr.
   __device__ __forceinline__ void softmax(const RowTile& t, int n) {
     if (a.softcap_in != 0.0f) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) sc[i] = SoftcapScore::unscaled(sc[i], a.softcap_in);
     }
+    if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, t, n, lane);
     mask_key_tile<kBlockN>(sc, t, n, lane);
     online_softmax(sc, m, l, corr, a.scale_log2);
   }
@@ -143,6 +144,7 @@ struct Consumer {
       t.mask = mask_for(p, t.w.seq);
       t.row0 = t.w.m0 + cw * 64 + warp * 16 + lane / 4;
       t.rows_end = min(t.w.m0 + kBlockM, t.w.seq.seqlen_q);
+      if (p.has_alibi()) t.alibi = AlibiScore{p.alibi_slope(t.w.b, t.w.h) / a.logit_scale, t.mask.diagonal_offset()};
       return true;
     }
     return false;

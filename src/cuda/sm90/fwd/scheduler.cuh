@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attention/mask.h"
+#include "attention/score_mod.h"
 #include "core/layout.h"
 #include "core/params.h"
 #include "cuda/sm90/fwd/traits.h"
@@ -67,6 +68,7 @@ struct RowTile {
   MaskPolicy mask;
   int row0;      // this thread's rows: row0, row0 + 8
   int rows_end;  // end of the tile's rows within the sequence
+  AlibiScore alibi;  // ALiBi in the units of S (slope / logit_scale); unused when off
 };
 
 }  // namespace flashattn::cuda::sm90

@@ -82,6 +82,19 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
   }
 }
 
+// ALiBi on this thread's two rows of key tile n (score_mod.h): S += bias in
+// the units of S (t.alibi's slope is divided by the logit scale). Runs before
+// the mask, which overwrites what it removes with -inf.
+template <int kBlockN>
+__device__ __forceinline__ void alibi_key_tile(float (&s)[kBlockN / 2], const RowTile& t, int n, int lane) {
+  const int col0 = n * kBlockN + 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[4 * i + e] = t.alibi(s[4 * i + e], t.row0 + 8 * (e >> 1), col0 + 8 * i + (e & 1));
+  }
+}
+
 // The mask of key tile n (keys n0 .. n0 + kBlockN - 1) on this thread's two
 // rows: -inf where a key is not visible. Skipped for tiles the mask shows in
 // full.

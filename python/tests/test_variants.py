@@ -1,0 +1,269 @@
+"""ALiBi (alibi_slopes) and attention sinks (sinks), CPU backend: NumPy through the C ABI
+against a float64 NumPy reference written here (the sink as one more column of the
+softmax), and the torch functions against float64 torch autograd (skipped without torch)."""
+
+import numpy as np
+import pytest
+
+import flashattn
+from flashattn import _capi
+
+
+def _alibi_bias(slopes_h, sq, sk):
+    """(h, sq, sk): -slope * |i + sk - sq - j|."""
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    return -np.asarray(slopes_h, np.float64)[:, None, None] * np.abs(i + sk - sq - j)[None]
+
+
+def _mask(sq, sk, causal):
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    return (j <= i + sk - sq) if causal else np.ones((sq, sk), bool)
+
+
+def ref_forward_one(q, k, v, causal, slopes_h, sinks):
+    """One sequence in float64: q (sq, h, d), k/v (sk, h, d) (already expanded for GQA);
+    the sink is an extra column of every row's softmax whose value is 0."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    sq, h, d = q.shape
+    sk = k.shape[0]
+    s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
+    if slopes_h is not None:
+        s = s + _alibi_bias(slopes_h, sq, sk)
+    s = np.where(_mask(sq, sk, causal)[None], s, -np.inf)
+    z = np.full((h, sq, 1), -np.inf) if sinks is None else np.broadcast_to(
+        np.asarray(sinks, np.float64)[:, None, None], (h, sq, 1))
+    full = np.concatenate([s, z], axis=-1)
+    m = full.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(full - m)
+    l = e.sum(axis=-1, keepdims=True)
+    p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)[..., :sk]
+    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1.0)), -np.inf)
+    return np.einsum("hqk,khd->qhd", p, v), lse
+
+
+def ref_forward(q, k, v, causal, slopes, sinks):
+    b, sq, hq, d = q.shape
+    rep = hq // k.shape[2]
+    outs, lses = [], []
+    for bi in range(b):
+        slopes_h = None if slopes is None else (slopes[bi] if slopes.ndim == 2 else slopes)
+        o, l_ = ref_forward_one(q[bi], np.repeat(k[bi], rep, 1), np.repeat(v[bi], rep, 1), causal,
+                                slopes_h, sinks)
+        outs.append(o)
+        lses.append(l_)
+    return np.stack(outs), np.stack(lses)
+
+
+CASES = [
+    # b, sq, sk, hq, hkv, d, causal, alibi ("head", "batch" or None), sinks
+    (2, 33, 47, 4, 2, 64, True, "head", False),
+    (1, 50, 20, 2, 1, 32, True, None, True),      # rows with no key: lse = sink
+    (2, 29, 61, 4, 4, 16, False, "batch", True),
+    (1, 1, 7, 2, 2, 128, False, "head", True),
+]
+
+
+def _inputs(rng, b, sq, sk, hq, hkv, d, alibi, sinks):
+    q = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
+    k = rng.standard_normal((b, sk, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((b, sk, hkv, d)).astype(np.float32)
+    slopes = None
+    if alibi == "head":
+        slopes = rng.uniform(0.01, 0.3, hq).astype(np.float32)
+    elif alibi == "batch":
+        slopes = rng.uniform(0.01, 0.3, (b, hq)).astype(np.float32)
+    z = rng.standard_normal(hq).astype(np.float32) * 2 if sinks else None
+    return q, k, v, slopes, z
+
+
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,d,causal,alibi,sinks", CASES)
+def test_numpy_forward_matches_reference(rng, b, sq, sk, hq, hkv, d, causal, alibi, sinks):
+    q, k, v, slopes, z = _inputs(rng, b, sq, sk, hq, hkv, d, alibi, sinks)
+    out, lse = flashattn.flash_attn_func(q, k, v, causal=causal, alibi_slopes=slopes, sinks=z,
+                                         return_attn_probs=True)[:2]
+    ro, rl = ref_forward(q, k, v, causal, slopes, z)
+    np.testing.assert_allclose(out, ro, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(lse, rl, rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_sink_gradient_matches_finite_differences(rng):
+    q, k, v, slopes, z = _inputs(rng, 2, 19, 23, 2, 2, 32, "head", True)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    kw = dict(causal=True, alibi_slopes=slopes, sinks=z)
+    out, lse = np.empty_like(q), np.empty((2, 2, 19), np.float32)
+    _capi.forward(q, k, v, out, lse, **kw)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    dsinks = np.full(2, np.nan, np.float32)
+    _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, dsinks=dsinks, **kw)
+    eps = 1e-3
+    for h in range(2):
+        up, down = z.astype(np.float64).copy(), z.astype(np.float64).copy()
+        up[h] += eps
+        down[h] -= eps
+        loss = [np.sum(ref_forward(q, k, v, True, slopes, zz)[0] * dout) for zz in (up, down)]
+        np.testing.assert_allclose(dsinks[h], (loss[0] - loss[1]) / (2 * eps), rtol=1e-3, atol=1e-4)
+
+
+def test_numpy_backward_needs_dsinks_with_sinks(rng):
+    q, k, v, slopes, z = _inputs(rng, 1, 5, 5, 2, 2, 16, None, True)
+    out, lse = np.empty_like(q), np.empty((1, 2, 5), np.float32)
+    _capi.forward(q, k, v, out, lse, sinks=z)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    with pytest.raises(ValueError, match="dsinks is a null pointer"):
+        _capi.backward(q, k, v, out, q, lse, dq, dk, dv, sinks=z)
+    with pytest.raises(ValueError, match="sinks has 1 x 3 entries, expected 2"):
+        _capi.forward(q, k, v, out, lse, sinks=np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="alibi_slopes must be f32"):
+        _capi.forward(q, k, v, out, lse, alibi_slopes=np.zeros(2, np.float16))
+
+
+def test_numpy_dropout_matches_reference_with_the_visible_mask(rng):
+    b, sq, sk, h, d, p = 2, 23, 31, 2, 32, 0.3
+    q, k, v, _, _ = _inputs(rng, b, sq, sk, h, h, d, None, False)
+    kw = dict(causal=True, dropout_p=p, dropout_seed=1234, dropout_offset=8)
+    mask = np.empty((b, h, sq, sk), np.float32)
+    _capi.dropout_mask(mask, p, 1234, 8)
+    kept = np.count_nonzero(mask)
+    n = mask.size
+    assert abs(kept - n * (1 - p)) <= 6 * np.sqrt(n * p * (1 - p))
+    assert set(np.unique(mask)) <= {0.0, np.float32(1 / (1 - p))}
+    out, lse = np.empty_like(q), np.empty((b, h, sq), np.float32)
+    _capi.forward(q, k, v, out, lse, **kw)
+    # reference: softmax without dropout, times the mask, times V
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+    s = np.where(_mask(sq, sk, True)[None, None], s, -np.inf)
+    probs = np.exp(s - s.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ref = np.einsum("bhqk,bkhd->bqhd", probs * mask, v.astype(np.float64))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5)
+    # the backward regenerates the mask from the same seed and offset: dv = (P z)^T dO
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, **kw)
+    ref_dv = np.einsum("bhqk,bqhd->bkhd", probs * mask, dout.astype(np.float64))
+    np.testing.assert_allclose(dv, ref_dv, rtol=1e-3, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------
+# torch: the sinks are a differentiable input
+
+
+def _torch_ref(q, k, v, causal, slopes, sinks):
+    """float64 torch reference with autograd: the sink as an extra softmax column."""
+    import torch
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(hq // hkv, dim=2)
+    v = v.repeat_interleave(hq // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / d ** 0.5
+    if slopes is not None:
+        sl = slopes.double().reshape(-1 if slopes.dim() == 1 else b, hq)
+        dist = (torch.arange(sq)[:, None] + sk - sq - torch.arange(sk)[None, :]).abs().double()
+        s = s - sl.reshape(-1, hq, 1, 1) * dist
+    if causal:
+        mask = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+        s = s.masked_fill(~mask, float("-inf"))
+    z = sinks.double().reshape(1, hq, 1, 1).expand(b, hq, sq, 1)
+    full = torch.cat([s, z], dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :sk]
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), torch.logsumexp(full, dim=-1)
+
+
+@pytest.mark.parametrize("alibi", [None, "head", "batch"])
+def test_torch_values_and_gradients_with_sinks(alibi):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    b, sq, sk, hq, hkv, d = 2, 37, 29, 4, 2, 32  # causal with sq > sk: rows with no key
+    q = torch.randn(b, sq, hq, d, generator=gen).requires_grad_()
+    k = torch.randn(b, sk, hkv, d, generator=gen).requires_grad_()
+    v = torch.randn(b, sk, hkv, d, generator=gen).requires_grad_()
+    sinks = (torch.randn(hq, generator=gen) * 2).requires_grad_()
+    slopes = None
+    if alibi is not None:
+        shape = (hq,) if alibi == "head" else (b, hq)
+        slopes = torch.rand(shape, generator=gen) * 0.3
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes,
+                                            sinks=sinks, return_attn_probs=True)
+    leaves = tuple(t.detach().double().requires_grad_() for t in (q, k, v, sinks))
+    ro, rl = _torch_ref(*leaves[:3], True, slopes, leaves[3])
+    torch.testing.assert_close(out.double(), ro.detach(), rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(lse.double(), rl.detach(), rtol=1e-5, atol=1e-5)
+    dout = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v, sinks), dout)
+    want = torch.autograd.grad(ro, leaves, dout.double())
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_torch_varlen_and_compile_with_sinks():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(1)
+    lens = [7, 12]
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]), 2, 32, generator=gen).requires_grad_()
+    sinks = torch.randn(2, generator=gen).requires_grad_()
+    slopes = torch.rand(2, generator=gen) * 0.2
+    out = flashattn.flash_attn_varlen_func(q, q, q, cu, cu, 12, 12, causal=True,
+                                           alibi_slopes=slopes, sinks=sinks)
+    for i in range(2):
+        s, e = int(cu[i]), int(cu[i + 1])
+        x = q[None, s:e].detach().double()
+        ro, _ = _torch_ref(x, x, x, True, slopes, sinks.detach())
+        torch.testing.assert_close(out[s:e].double(), ro[0], rtol=1e-4, atol=2e-5)
+
+    def f(q, sinks):
+        return flashattn.flash_attn_varlen_func(q, q, q, cu, cu, 12, 12, causal=True,
+                                                alibi_slopes=slopes, sinks=sinks).sum()
+
+    torch._dynamo.reset()
+    loss = torch.compile(f, fullgraph=True)(q, sinks)
+    torch.testing.assert_close(loss, f(q, sinks))
+    (g_eager,) = torch.autograd.grad(f(q, sinks), (sinks,))
+    (g_comp,) = torch.autograd.grad(torch.compile(f, fullgraph=True)(q, sinks), (sinks,))
+    torch.testing.assert_close(g_comp, g_eager)
+
+
+def test_torch_opcheck_with_extras():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 9, 2, 32, generator=gen)
+    sinks, slopes = torch.randn(2, generator=gen), torch.rand(2, generator=gen)
+    args = (q, q, q, 0.2, True, -1, -1, 0.0, False, slopes, sinks)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, args)
+    out, lse = torch.ops.flashattn.fwd(*args)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default,
+                          (torch.randn(out.shape, generator=gen), q, q, q, out, lse) + args[3:])
+
+
+def test_torch_dropout_is_reproducible_and_matches_its_mask():
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(3)
+    b, sq, sk, h, d, p = 2, 21, 33, 2, 32, 0.2
+    q = torch.randn(b, sq, h, d, generator=gen).requires_grad_()
+    k = torch.randn(b, sk, h, d, generator=gen).requires_grad_()
+    v = torch.randn(b, sk, h, d, generator=gen).requires_grad_()
+    torch.manual_seed(11)
+    out, _, zmask = flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True,
+                                              return_attn_probs=True)
+    torch.manual_seed(11)
+    again = flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    assert torch.equal(out, again)
+    assert not torch.equal(out, flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=True))
+    assert zmask.shape == (b, h, sq, sk)
+    n, kept = zmask.numel(), int((zmask != 0).sum())
+    assert abs(kept - n * (1 - p)) <= 6 * (n * p * (1 - p)) ** 0.5
+    # float64 reference with the same mask; autograd gives its gradients
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) / d ** 0.5
+    causal = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+    probs = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+    ref = torch.einsum("bhqk,bkhd->bqhd", probs * zmask.double(), v64)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-4, atol=2e-5)
+    dout = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -1,0 +1,59 @@
+// The sinks' gradient against the float64 reference, shared by the CPU and
+// GPU variant suites.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/harness.h"
+
+namespace flashattn::testing {
+
+// The unit roundoff of the dtype the backends store O in.
+inline double unit_roundoff(fa_dtype dtype) {
+  switch (dtype) {
+    case FA_BF16: return std::ldexp(1.0, -8);
+    case FA_F16: return std::ldexp(1.0, -11);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+
+// sum over rows of |exp(sink - lse) * D| per head, from the exact forward: the
+// sinks' gradient is this sum with signs, and every backend forms D = dO . O
+// from O rounded to the dtype, so its error is bounded by u times this.
+inline std::vector<double> dsinks_magnitude(const Problem& p, const Expected& e) {
+  const AttentionParams params = p.host_params();
+  const int d = p.c.head_dim, hq = p.c.heads_q;
+  std::vector<double> sum(static_cast<size_t>(hq), 0.0);
+  for (int h = 0; h < hq; ++h) {
+    for (int64_t row = 0; row < params.total_q; ++row) {
+      const double lse = e.exact.lse[static_cast<size_t>(h) * params.total_q + row];
+      if (std::isinf(lse)) continue;
+      double row_d = 0;
+      for (int c = 0; c < d; ++c)
+        row_d += e.exact.out[(static_cast<size_t>(row) * hq + h) * d + c] * read_row_element(p.dout, row, h, c);
+      sum[h] += std::abs(std::exp(params.sinks[h] - lse) * row_d);
+    }
+  }
+  return sum;
+}
+
+// The sinks' gradient against the reference: 2x the naive error, plus 2u
+// times the magnitude of the sum (see dsinks_magnitude), plus the atol.
+inline void expect_dsinks_close(const HostTensor& got, const Problem& p, const Expected& e) {
+  const std::vector<double>& exact = e.exact_grad.dsinks;
+  const std::vector<double>& naive = e.naive_grad.dsinks;
+  ASSERT_EQ(got.bytes.size(), exact.size() * sizeof(float));
+  const std::vector<double> magnitude = dsinks_magnitude(p, e);
+  const float* g = reinterpret_cast<const float*>(got.bytes.data());
+  for (size_t h = 0; h < exact.size(); ++h) {
+    const double tol = 2.0 * std::abs(naive[h] - exact[h]) + 2.0 * unit_roundoff(p.c.dtype) * magnitude[h] +
+                       default_atol(p.c.dtype);
+    EXPECT_FALSE(std::isnan(g[h])) << "dsinks[" << h << "] is NaN";
+    EXPECT_LE(std::abs(g[h] - exact[h]), tol) << "dsinks[" << h << "] = " << g[h] << ", expected " << exact[h];
+  }
+}
+
+}  // namespace flashattn::testing
