@@ -1,0 +1,282 @@
+// Ring attention on P simulated ranks (CPU backend): the zigzag layout and
+// schedule, and forward/backward against the float64 reference and against
+// single-device attention.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+
+#include "test_ring_shards.h"
+
+namespace flashattn::testing {
+namespace {
+
+using ring::PairKind;
+using ring::StepCall;
+
+TEST(RingLayout, ChunksPartitionTheSequence) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t seqlen : {int64_t{2} * world, int64_t{7} * 2 * world + 3, int64_t{1023}}) {
+      int64_t total = 0, expected_begin = 0;
+      for (int c = 0; c < 2 * world; ++c) {
+        const ring::Range r = ring::chunk_range(seqlen, world, c);
+        EXPECT_EQ(r.begin, expected_begin);
+        EXPECT_GE(r.size(), seqlen / (2 * world));
+        EXPECT_LE(r.size(), seqlen / (2 * world) + 1);
+        expected_begin = r.end;
+      }
+      EXPECT_EQ(expected_begin, seqlen);
+      for (int r = 0; r < world; ++r) total += ring::local_seqlen(seqlen, world, r);
+      EXPECT_EQ(total, seqlen);
+    }
+  }
+}
+
+TEST(RingLayout, PairKinds) {
+  EXPECT_EQ(ring::pair_kind(3, 1, true), PairKind::kFull);
+  EXPECT_EQ(ring::pair_kind(3, 3, true), PairKind::kDiagonal);
+  EXPECT_EQ(ring::pair_kind(1, 3, true), PairKind::kEmpty);
+  EXPECT_EQ(ring::pair_kind(1, 3, false), PairKind::kFull);
+}
+
+// Is block row k visible to local query row j under the step's call?
+// (Causal calls are bottom-right aligned, as fa_forward's mask.)
+bool call_sees(const StepCall& c, int64_t seqlen, int world, int rank, int src, int64_t j,
+               int64_t k) {
+  if (c.none) return false;
+  auto half_rows = [&](int r, int begin, int end) {
+    const int64_t first = ring::chunk_range(seqlen, world, ring::rank_chunk(world, r, 0)).size();
+    const int64_t n = ring::local_seqlen(seqlen, world, r);
+    return std::pair<int64_t, int64_t>{begin == 0 ? 0 : first, end == 1 ? first : n};
+  };
+  const auto [q0, q1] = half_rows(rank, c.q_begin, c.q_end);
+  const auto [k0, k1] = half_rows(src, c.kv_begin, c.kv_end);
+  if (j < q0 || j >= q1 || k < k0 || k >= k1) return false;
+  return !c.causal || (k - k0) <= (j - q0) + ((k1 - k0) - (q1 - q0));
+}
+
+// Every step's call sees exactly the (query, key) pairs the global mask
+// allows, so P steps see every visible pair once.
+TEST(RingSchedule, EachStepSeesExactlyTheVisiblePairs) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t seqlen : {int64_t{2} * world, int64_t{7} * 2 * world + 3}) {
+      for (bool causal : {false, true}) {
+        for (int rank = 0; rank < world; ++rank) {
+          for (int src = 0; src < world; ++src) {
+            const StepCall c = ring::plan_step(world, rank, src, causal);
+            for (int64_t j = 0; j < ring::local_seqlen(seqlen, world, rank); ++j) {
+              for (int64_t k = 0; k < ring::local_seqlen(seqlen, world, src); ++k) {
+                const int64_t pq = zigzag_position(seqlen, world, rank, j);
+                const int64_t pk = zigzag_position(seqlen, world, src, k);
+                ASSERT_EQ(call_sees(c, seqlen, world, rank, src, j, k), !causal || pk <= pq)
+                    << "world " << world << " seqlen " << seqlen << " rank " << rank << " src "
+                    << src << " q " << pq << " k " << pk;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Zigzag's point: with a causal mask every rank attends to the same number
+// of (query, key) pairs when 2P divides the length.
+TEST(RingSchedule, CausalWorkIsBalanced) {
+  for (int world = 2; world <= 8; ++world) {
+    const int64_t seqlen = int64_t{2} * world * 5;
+    std::vector<int64_t> pairs(world, 0);
+    for (int rank = 0; rank < world; ++rank)
+      for (int64_t j = 0; j < ring::local_seqlen(seqlen, world, rank); ++j)
+        pairs[rank] += zigzag_position(seqlen, world, rank, j) + 1;
+    EXPECT_EQ(*std::min_element(pairs.begin(), pairs.end()),
+              *std::max_element(pairs.begin(), pairs.end()))
+        << "world " << world;
+  }
+}
+
+// ---- Numerics ----
+
+struct RingCase {
+  int world;
+  bool causal;
+  fa_dtype dtype;
+  int heads_kv;  // heads_q = 4
+};
+
+std::string ring_case_name(const RingCase& r) {
+  return "P" + std::to_string(r.world) + (r.causal ? "_causal_" : "_full_") +
+         fa_dtype_name(r.dtype) + "_hkv" + std::to_string(r.heads_kv);
+}
+
+Case full_case(const RingCase& r) {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = c.seqlen_k = 7 * 2 * r.world + 3;  // chunks of 7 and 8 tokens
+  c.heads_q = 4;
+  c.heads_kv = r.heads_kv;
+  c.head_dim = 40;
+  c.dtype = r.dtype;
+  c.causal = r.causal;
+  c.seed = 17 + r.world;
+  return c;
+}
+
+Options ring_options(const Problem& p) {
+  Options o;
+  o.causal = p.options.causal;
+  o.backend = FA_BACKEND_CPU;
+  o.num_threads = 1;  // the ranks are the threads
+  return o;
+}
+
+struct RingResult {
+  HostTensor out, lse, dq, dk, dv;
+};
+
+RingResult run_ring(const Problem& p, int world) {
+  RingResult g{p.poisoned_like_q(), p.poisoned_lse(), p.poisoned_like_q(), p.poisoned_like_k(),
+               p.poisoned_like_k()};
+  const int64_t seqlen = p.c.seqlen_q;
+  std::mutex mutex;
+  run_ranks(world, [&](int r, ring::Transport& t) {
+    const HostTensor q = shard(p.q, 1, seqlen, world, r), k = shard(p.k, 1, seqlen, world, r);
+    const HostTensor v = shard(p.v, 1, seqlen, world, r), dout = shard(p.dout, 1, seqlen, world, r);
+    HostTensor out = shard(g.out, 1, seqlen, world, r), lse = shard(g.lse, 2, seqlen, world, r);
+    HostTensor dq = shard(g.dq, 1, seqlen, world, r), dk = shard(g.dk, 1, seqlen, world, r);
+    HostTensor dv = shard(g.dv, 1, seqlen, world, r);
+    const Options o = ring_options(p);
+    ring::forward(t, seqlen, q.desc, k.desc, v.desc, out.desc, lse.desc, o);
+    ring::backward(t, seqlen, q.desc, k.desc, v.desc, out.desc, dout.desc, lse.desc, dq.desc,
+                   dk.desc, dv.desc, o);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto [local, full] : {std::pair{&out, &g.out}, std::pair{&dq, &g.dq},
+                               std::pair{&dk, &g.dk}, std::pair{&dv, &g.dv}})
+      gather(*local, 1, *full, seqlen, world, r);
+    gather(lse, 2, g.lse, seqlen, world, r);
+  });
+  return g;
+}
+
+// Single-device attention on the whole sequence.
+RingResult run_single(const Problem& p) {
+  RingResult s{p.poisoned_like_q(), p.poisoned_lse(), p.poisoned_like_q(), p.poisoned_like_k(),
+               p.poisoned_like_k()};
+  const Options o = ring_options(p);
+  flashattn::forward(p.q.desc, p.k.desc, p.v.desc, s.out.desc, &s.lse.desc, o);
+  flashattn::backward(p.q.desc, p.k.desc, p.v.desc, s.out.desc, p.dout.desc, s.lse.desc,
+                      s.dq.desc, s.dk.desc, s.dv.desc, o);
+  return s;
+}
+
+// A q- or k-like tensor's values in the reference's canonical order.
+std::vector<double> values_of(const HostTensor& t, const Problem& p) {
+  std::vector<double> values;
+  for (int64_t r = 0; r < int64_t{p.c.batch} * p.c.seqlen_q; ++r)
+    for (int h = 0; h < t.desc.shape[2]; ++h)
+      for (int col = 0; col < t.desc.shape[3]; ++col) values.push_back(read_row_element(t, r, h, col));
+  return values;
+}
+
+class RingAttention : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(RingAttention, MatchesFloat64ReferenceAndSingleDevice) {
+  const Problem p = make_problem(full_case(GetParam()));
+  const Expected e = expected_all(p);
+  const double atol = default_atol(p.c.dtype);
+  const RingResult ring = run_ring(p, GetParam().world);
+  const RingResult single = run_single(p);
+  const std::vector<std::tuple<const char*, HostTensor RingResult::*, const std::vector<double>*,
+                               const std::vector<double>*>>
+      rows = {{"out", &RingResult::out, &e.exact.out, &e.naive.out},
+              {"dq", &RingResult::dq, &e.exact_grad.dq, &e.naive_grad.dq},
+              {"dk", &RingResult::dk, &e.exact_grad.dk, &e.naive_grad.dk},
+              {"dv", &RingResult::dv, &e.exact_grad.dv, &e.naive_grad.dv}};
+  for (const auto& [name, member, exact, naive] : rows) {
+    const Comparison c = compare_rows(ring.*member, *exact, *naive, atol);
+    EXPECT_TRUE(c.ok) << c.describe(name);
+    // Ring vs single device: the same rule with the single-device call as
+    // the baseline, i.e. the ring's error vs fp64 is at most twice the
+    // single-device kernel's (+ atol).
+    const Comparison vs = compare_rows(ring.*member, *exact, values_of(single.*member, p), atol);
+    EXPECT_TRUE(vs.ok) << vs.describe((std::string(name) + " vs single device").c_str());
+  }
+  const Comparison l = compare_lse(ring.lse, e.exact.lse, e.naive.lse, atol);
+  EXPECT_TRUE(l.ok) << l.describe("lse");
+}
+
+std::vector<RingCase> ring_cases() {
+  std::vector<RingCase> cases;
+  for (int world = 1; world <= 4; ++world)
+    for (bool causal : {false, true})
+      for (fa_dtype dtype : {FA_F32, FA_BF16})
+        for (int heads_kv : {4, 1}) cases.push_back({world, causal, dtype, heads_kv});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, RingAttention, ::testing::ValuesIn(ring_cases()),
+                         [](const auto& info) { return ring_case_name(info.param); });
+
+// ---- Arguments ----
+
+void expect_invalid(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), FA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(RingArguments, BadInputsAreNamed) {
+  const RingCase rc{2, true, FA_F32, 2};
+  const Problem p = make_problem(full_case(rc));
+  const int64_t seqlen = p.c.seqlen_q;
+  ring::SimulatedRing sim(2);
+  ring::Transport& t = sim.endpoint(0);
+  HostTensor q = shard(p.q, 1, seqlen, 2, 0), k = shard(p.k, 1, seqlen, 2, 0);
+  HostTensor v = shard(p.v, 1, seqlen, 2, 0), out = shard(p.q, 1, seqlen, 2, 0);
+  HostTensor lse = shard(p.poisoned_lse(), 2, seqlen, 2, 0);
+  const Options o = ring_options(p);
+  // Rank 1's shard on rank 0 (7*4+3 tokens: ranks hold 15 and 16).
+  expect_invalid([&] { ring::forward(t, seqlen + 2, q.desc, k.desc, v.desc, out.desc, lse.desc, o); },
+                 "q has shape");
+  expect_invalid([&] { ring::forward(t, 3, q.desc, k.desc, v.desc, out.desc, lse.desc, o); },
+                 "seqlen 3");
+  Options windowed = o;
+  windowed.with_window(8, 0);
+  expect_invalid(
+      [&] { ring::forward(t, seqlen, q.desc, k.desc, v.desc, out.desc, lse.desc, windowed); },
+      "window");
+  fa_tensor strided = v.desc;
+  strided.strides[1] *= 2;
+  strided.shape[0] = 1;
+  expect_invalid([&] { ring::forward(t, seqlen, q.desc, k.desc, strided, out.desc, lse.desc, o); },
+                 "v has shape");
+  fa_tensor bad_lse = lse.desc;
+  bad_lse.dtype = FA_BF16;
+  expect_invalid([&] { ring::forward(t, seqlen, q.desc, k.desc, v.desc, out.desc, bad_lse, o); },
+                 "lse has dtype");
+  fa_tensor null_k = k.desc;
+  null_k.data = nullptr;
+  expect_invalid([&] { ring::forward(t, seqlen, q.desc, null_k, v.desc, out.desc, lse.desc, o); },
+                 "k is a null pointer");
+  EXPECT_THROW(ring::SimulatedRing(0), Error);
+}
+
+TEST(RingArguments, NonContiguousIsRefused) {
+  const Problem p = make_problem(full_case({1, false, FA_F32, 4}));
+  ring::SimulatedRing sim(1);
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  fa_tensor q = p.q.desc;
+  std::swap(q.strides[2], q.strides[3]);  // same shape, transposed heads and dims
+  expect_invalid([&] {
+    ring::forward(sim.endpoint(0), p.c.seqlen_q, q, p.k.desc, p.v.desc, out.desc, lse.desc,
+                  ring_options(p));
+  }, "q must be contiguous");
+}
+
+}  // namespace
+}  // namespace flashattn::testing
