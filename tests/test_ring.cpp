@@ -131,79 +131,15 @@ Options ring_options(const Problem& p) {
   return o;
 }
 
-struct RingResult {
-  HostTensor out, lse, dq, dk, dv;
-};
-
-RingResult run_ring(const Problem& p, int world) {
-  RingResult g{p.poisoned_like_q(), p.poisoned_lse(), p.poisoned_like_q(), p.poisoned_like_k(),
-               p.poisoned_like_k()};
-  const int64_t seqlen = p.c.seqlen_q;
-  std::mutex mutex;
-  run_ranks(world, [&](int r, ring::Transport& t) {
-    const HostTensor q = shard(p.q, 1, seqlen, world, r), k = shard(p.k, 1, seqlen, world, r);
-    const HostTensor v = shard(p.v, 1, seqlen, world, r), dout = shard(p.dout, 1, seqlen, world, r);
-    HostTensor out = shard(g.out, 1, seqlen, world, r), lse = shard(g.lse, 2, seqlen, world, r);
-    HostTensor dq = shard(g.dq, 1, seqlen, world, r), dk = shard(g.dk, 1, seqlen, world, r);
-    HostTensor dv = shard(g.dv, 1, seqlen, world, r);
-    const Options o = ring_options(p);
-    ring::forward(t, seqlen, q.desc, k.desc, v.desc, out.desc, lse.desc, o);
-    ring::backward(t, seqlen, q.desc, k.desc, v.desc, out.desc, dout.desc, lse.desc, dq.desc,
-                   dk.desc, dv.desc, o);
-    std::lock_guard<std::mutex> lock(mutex);
-    for (auto [local, full] : {std::pair{&out, &g.out}, std::pair{&dq, &g.dq},
-                               std::pair{&dk, &g.dk}, std::pair{&dv, &g.dv}})
-      gather(*local, 1, *full, seqlen, world, r);
-    gather(lse, 2, g.lse, seqlen, world, r);
-  });
-  return g;
-}
-
-// Single-device attention on the whole sequence.
-RingResult run_single(const Problem& p) {
-  RingResult s{p.poisoned_like_q(), p.poisoned_lse(), p.poisoned_like_q(), p.poisoned_like_k(),
-               p.poisoned_like_k()};
-  const Options o = ring_options(p);
-  flashattn::forward(p.q.desc, p.k.desc, p.v.desc, s.out.desc, &s.lse.desc, o);
-  flashattn::backward(p.q.desc, p.k.desc, p.v.desc, s.out.desc, p.dout.desc, s.lse.desc,
-                      s.dq.desc, s.dk.desc, s.dv.desc, o);
-  return s;
-}
-
-// A q- or k-like tensor's values in the reference's canonical order.
-std::vector<double> values_of(const HostTensor& t, const Problem& p) {
-  std::vector<double> values;
-  for (int64_t r = 0; r < int64_t{p.c.batch} * p.c.seqlen_q; ++r)
-    for (int h = 0; h < t.desc.shape[2]; ++h)
-      for (int col = 0; col < t.desc.shape[3]; ++col) values.push_back(read_row_element(t, r, h, col));
-  return values;
-}
-
 class RingAttention : public ::testing::TestWithParam<RingCase> {};
 
 TEST_P(RingAttention, MatchesFloat64ReferenceAndSingleDevice) {
   const Problem p = make_problem(full_case(GetParam()));
-  const Expected e = expected_all(p);
-  const double atol = default_atol(p.c.dtype);
-  const RingResult ring = run_ring(p, GetParam().world);
-  const RingResult single = run_single(p);
-  const std::vector<std::tuple<const char*, HostTensor RingResult::*, const std::vector<double>*,
-                               const std::vector<double>*>>
-      rows = {{"out", &RingResult::out, &e.exact.out, &e.naive.out},
-              {"dq", &RingResult::dq, &e.exact_grad.dq, &e.naive_grad.dq},
-              {"dk", &RingResult::dk, &e.exact_grad.dk, &e.naive_grad.dk},
-              {"dv", &RingResult::dv, &e.exact_grad.dv, &e.naive_grad.dv}};
-  for (const auto& [name, member, exact, naive] : rows) {
-    const Comparison c = compare_rows(ring.*member, *exact, *naive, atol);
-    EXPECT_TRUE(c.ok) << c.describe(name);
-    // Ring vs single device: the same rule with the single-device call as
-    // the baseline, i.e. the ring's error vs fp64 is at most twice the
-    // single-device kernel's (+ atol).
-    const Comparison vs = compare_rows(ring.*member, *exact, values_of(single.*member, p), atol);
-    EXPECT_TRUE(vs.ok) << vs.describe((std::string(name) + " vs single device").c_str());
-  }
-  const Comparison l = compare_lse(ring.lse, e.exact.lse, e.naive.lse, atol);
-  EXPECT_TRUE(l.ok) << l.describe("lse");
+  HostMemory memory;
+  const RingResult ring = run_ring(p, GetParam().world, ring_options(p),
+                                   [] { return std::make_unique<HostMemory>(); });
+  const RingResult single = run_single(p, ring_options(p), memory);
+  expect_ring_matches(p, ring, single);
 }
 
 std::vector<RingCase> ring_cases() {

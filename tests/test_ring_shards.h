@@ -6,9 +6,11 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/harness.h"
@@ -89,6 +91,106 @@ inline void run_ranks(int world, const std::function<void(int, ring::Transport&)
   }
   for (auto& t : threads) t.join();
   for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
+// Where a rank's tensors live: put() gives the descriptor a call uses for a
+// host tensor (the host tensor itself, or a device copy); get() brings a
+// result back into the host tensor it was put from.
+class RankMemory {
+ public:
+  virtual ~RankMemory() = default;
+  virtual fa_tensor put(HostTensor& h) = 0;
+  virtual void get(HostTensor& h) = 0;
+};
+
+class HostMemory final : public RankMemory {
+ public:
+  fa_tensor put(HostTensor& h) override { return h.desc; }
+  void get(HostTensor&) override {}
+};
+
+struct RingResult {
+  HostTensor out, lse, dq, dk, dv;
+};
+
+inline RingResult poisoned_result(const Problem& p) {
+  return {p.poisoned_like_q(), p.poisoned_lse(), p.poisoned_like_q(), p.poisoned_like_k(),
+          p.poisoned_like_k()};
+}
+
+// Ring forward + backward of the problem's whole sequences over `world`
+// simulated ranks; the ranks' results gathered into full-sequence tensors.
+inline RingResult run_ring(const Problem& p, int world, const Options& options,
+                           const std::function<std::unique_ptr<RankMemory>()>& memory_of_rank,
+                           ring::SimulatedRing::CopyFn copy = nullptr) {
+  RingResult g = poisoned_result(p);
+  const int64_t seqlen = p.c.seqlen_q;
+  std::mutex mutex;
+  run_ranks(world, [&](int r, ring::Transport& t) {
+    auto local = [&](const HostTensor& full, int axis) { return shard(full, axis, seqlen, world, r); };
+    HostTensor q = local(p.q, 1), k = local(p.k, 1), v = local(p.v, 1), dout = local(p.dout, 1);
+    HostTensor out = local(g.out, 1), lse = local(g.lse, 2), dq = local(g.dq, 1);
+    HostTensor dk = local(g.dk, 1), dv = local(g.dv, 1);
+    const std::unique_ptr<RankMemory> m = memory_of_rank();
+    fa_tensor dq_t = m->put(dq), dk_t = m->put(dk), dv_t = m->put(dv);
+    fa_tensor out_t = m->put(out), lse_t = m->put(lse);
+    const fa_tensor q_t = m->put(q), k_t = m->put(k), v_t = m->put(v), dout_t = m->put(dout);
+    ring::forward(t, seqlen, q_t, k_t, v_t, out_t, lse_t, options);
+    ring::backward(t, seqlen, q_t, k_t, v_t, out_t, dout_t, lse_t, dq_t, dk_t, dv_t, options);
+    for (HostTensor* h : {&out, &lse, &dq, &dk, &dv}) m->get(*h);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto [part, full] : {std::pair{&out, &g.out}, std::pair{&dq, &g.dq},
+                              std::pair{&dk, &g.dk}, std::pair{&dv, &g.dv}})
+      gather(*part, 1, *full, seqlen, world, r);
+    gather(lse, 2, g.lse, seqlen, world, r);
+  });
+  return g;
+}
+
+// Single-device attention on the whole sequences.
+inline RingResult run_single(const Problem& p, const Options& options, RankMemory& m) {
+  RingResult s = poisoned_result(p);
+  HostTensor q = p.q, k = p.k, v = p.v, dout = p.dout;
+  for (HostTensor* h : {&q, &k, &v, &dout}) h->rebind();
+  fa_tensor out = m.put(s.out), lse = m.put(s.lse), dq = m.put(s.dq), dk = m.put(s.dk);
+  fa_tensor dv = m.put(s.dv);
+  const fa_tensor q_t = m.put(q), k_t = m.put(k), v_t = m.put(v), dout_t = m.put(dout);
+  flashattn::forward(q_t, k_t, v_t, out, &lse, options);
+  flashattn::backward(q_t, k_t, v_t, out, dout_t, lse, dq, dk, dv, options);
+  for (HostTensor* h : {&s.out, &s.lse, &s.dq, &s.dk, &s.dv}) m.get(*h);
+  return s;
+}
+
+// A q- or k-like tensor's values in the reference's canonical order.
+inline std::vector<double> values_of(const HostTensor& t, const Problem& p) {
+  std::vector<double> values;
+  for (int64_t r = 0; r < int64_t{p.c.batch} * p.c.seqlen_q; ++r)
+    for (int h = 0; h < t.desc.shape[2]; ++h)
+      for (int col = 0; col < t.desc.shape[3]; ++col) values.push_back(read_row_element(t, r, h, col));
+  return values;
+}
+
+// The ring's out, lse, dq, dk, dv against fp64 by the project's rule, and
+// against single-device attention by the same rule with the single-device
+// result as the baseline (the ring's error vs fp64 at most twice the
+// single-device call's, + atol).
+inline void expect_ring_matches(const Problem& p, const RingResult& ring, const RingResult& single) {
+  const Expected e = expected_all(p);
+  const double atol = default_atol(p.c.dtype);
+  const std::vector<std::tuple<const char*, HostTensor RingResult::*, const std::vector<double>*,
+                               const std::vector<double>*>>
+      rows = {{"out", &RingResult::out, &e.exact.out, &e.naive.out},
+              {"dq", &RingResult::dq, &e.exact_grad.dq, &e.naive_grad.dq},
+              {"dk", &RingResult::dk, &e.exact_grad.dk, &e.naive_grad.dk},
+              {"dv", &RingResult::dv, &e.exact_grad.dv, &e.naive_grad.dv}};
+  for (const auto& [name, member, exact, naive] : rows) {
+    const Comparison c = compare_rows(ring.*member, *exact, *naive, atol);
+    EXPECT_TRUE(c.ok) << c.describe(name);
+    const Comparison vs = compare_rows(ring.*member, *exact, values_of(single.*member, p), atol);
+    EXPECT_TRUE(vs.ok) << vs.describe((std::string(name) + " vs single device").c_str());
+  }
+  const Comparison l = compare_lse(ring.lse, e.exact.lse, e.naive.lse, atol);
+  EXPECT_TRUE(l.ok) << l.describe("lse");
 }
 
 }  // namespace flashattn::testing

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/host_device.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::ring {
@@ -20,7 +21,7 @@ struct RowBlock {
   int64_t row_end = 0;
   int64_t heads = 0;
   int64_t dim = 0;
-  int64_t count() const { return batch * (row_end - row_begin) * heads; }  // (b, i, h) rows
+  FA_HOST_DEVICE int64_t count() const { return batch * (row_end - row_begin) * heads; }  // (b, i, h) rows
 };
 
 class DeviceOps {
