@@ -143,7 +143,7 @@ inline RingResult run_ring(const Problem& p, int world, const Options& options,
                               std::pair{&dk, &g.dk}, std::pair{&dv, &g.dv}})
       gather(*part, 1, *full, seqlen, world, r);
     gather(lse, 2, g.lse, seqlen, world, r);
-  });
+  }, std::move(copy));
   return g;
 }
 
