@@ -137,7 +137,7 @@ TEST_P(RingAttention, MatchesFloat64ReferenceAndSingleDevice) {
   const Problem p = make_problem(full_case(GetParam()));
   HostMemory memory;
   const RingResult ring = run_ring(p, GetParam().world, ring_options(p),
-                                   [] { return std::make_unique<HostMemory>(); });
+                                   [](int) { return std::make_unique<HostMemory>(); });
   const RingResult single = run_single(p, ring_options(p), memory);
   expect_ring_matches(p, ring, single);
 }

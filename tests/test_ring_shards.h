@@ -70,20 +70,24 @@ inline void gather(const HostTensor& local, int axis, HostTensor& full, int64_t 
                   &local.bytes[(o * n + j) * a.inner_bytes], a.inner_bytes);
 }
 
-// Runs body(rank, transport) on `world` threads over one SimulatedRing; a
-// rank that throws aborts the ring and fails the test with its message.
-inline void run_ranks(int world, const std::function<void(int, ring::Transport&)>& body,
-                      ring::SimulatedRing::CopyFn copy = nullptr) {
-  ring::SimulatedRing ring(world, std::move(copy));
+// One rank's work, given its transport.
+using RankBody = std::function<void(int, ring::Transport&)>;
+// Runs a RankBody on every rank of a ring of `world` ranks.
+using Launcher = std::function<void(int world, const RankBody&)>;
+
+// Runs rank_main(r) on `world` threads; a rank that throws calls abort()
+// (to wake the others) and fails the test with its message.
+inline void run_threads(int world, const std::function<void(int)>& rank_main,
+                        const std::function<void()>& abort) {
   std::mutex mutex;
   std::vector<std::string> errors;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        body(r, ring.endpoint(r));
+        rank_main(r);
       } catch (const std::exception& e) {
-        ring.abort();
+        abort();
         std::lock_guard<std::mutex> lock(mutex);
         errors.push_back("rank " + std::to_string(r) + ": " + e.what());
       }
@@ -91,6 +95,14 @@ inline void run_ranks(int world, const std::function<void(int, ring::Transport&)
   }
   for (auto& t : threads) t.join();
   for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
+// The ranks as threads over one SimulatedRing moving blocks with `copy`.
+inline Launcher simulated_ring(ring::SimulatedRing::CopyFn copy = nullptr) {
+  return [copy](int world, const RankBody& body) {
+    ring::SimulatedRing ring(world, copy);
+    run_threads(world, [&](int r) { body(r, ring.endpoint(r)); }, [&] { ring.abort(); });
+  };
 }
 
 // Where a rank's tensors live: put() gives the descriptor a call uses for a
@@ -119,19 +131,19 @@ inline RingResult poisoned_result(const Problem& p) {
 }
 
 // Ring forward + backward of the problem's whole sequences over `world`
-// simulated ranks; the ranks' results gathered into full-sequence tensors.
+// ranks (`launch`); the ranks' results gathered into full-sequence tensors.
 inline RingResult run_ring(const Problem& p, int world, const Options& options,
-                           const std::function<std::unique_ptr<RankMemory>()>& memory_of_rank,
-                           ring::SimulatedRing::CopyFn copy = nullptr) {
+                           const std::function<std::unique_ptr<RankMemory>(int)>& memory_of_rank,
+                           const Launcher& launch = simulated_ring()) {
   RingResult g = poisoned_result(p);
   const int64_t seqlen = p.c.seqlen_q;
   std::mutex mutex;
-  run_ranks(world, [&](int r, ring::Transport& t) {
+  launch(world, [&](int r, ring::Transport& t) {
     auto local = [&](const HostTensor& full, int axis) { return shard(full, axis, seqlen, world, r); };
     HostTensor q = local(p.q, 1), k = local(p.k, 1), v = local(p.v, 1), dout = local(p.dout, 1);
     HostTensor out = local(g.out, 1), lse = local(g.lse, 2), dq = local(g.dq, 1);
     HostTensor dk = local(g.dk, 1), dv = local(g.dv, 1);
-    const std::unique_ptr<RankMemory> m = memory_of_rank();
+    const std::unique_ptr<RankMemory> m = memory_of_rank(r);
     fa_tensor dq_t = m->put(dq), dk_t = m->put(dk), dv_t = m->put(dv);
     fa_tensor out_t = m->put(out), lse_t = m->put(lse);
     const fa_tensor q_t = m->put(q), k_t = m->put(k), v_t = m->put(v), dout_t = m->put(dout);
@@ -143,7 +155,7 @@ inline RingResult run_ring(const Problem& p, int world, const Options& options,
                               std::pair{&dk, &g.dk}, std::pair{&dv, &g.dv}})
       gather(*part, 1, *full, seqlen, world, r);
     gather(lse, 2, g.lse, seqlen, world, r);
-  }, std::move(copy));
+  });
   return g;
 }
 

@@ -27,6 +27,9 @@ struct RowBlock {
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
+  // Throws unless the tensors' device is the current one (where the buffers
+  // and kernels of a ring call go).
+  virtual void require_device(int index) const = 0;
   virtual void* allocate(size_t bytes, void* stream) const = 0;
   virtual void release(void* p, void* stream) const = 0;
   virtual void copy(void* dst, const void* src, size_t bytes, void* stream) const = 0;

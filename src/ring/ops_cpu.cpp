@@ -22,6 +22,7 @@ void for_each_row(const RowBlock& b, F f) {
 
 class CpuOps final : public DeviceOps {
  public:
+  void require_device(int) const override {}
   void* allocate(size_t bytes, void*) const override {
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (p == nullptr) throw std::bad_alloc();

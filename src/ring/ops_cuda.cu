@@ -90,6 +90,16 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 class CudaOps final : public DeviceOps {
  public:
+  void require_device(int index) const override {
+    int current = -1;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != index) {
+      throw Error(FA_ERROR_INVALID_ARGUMENT,
+                  "ring attention: the tensors are on CUDA device " + std::to_string(index) +
+                      " but the current device is " + std::to_string(current) +
+                      " (call cudaSetDevice first)");
+    }
+  }
   void* allocate(size_t bytes, void* stream) const override {
     void* p = nullptr;
     check(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, as_stream(stream)), "cudaMallocAsync");

@@ -138,7 +138,9 @@ Shape check_problem(const Transport& t, int64_t seqlen, const fa_tensor& q, cons
 // ---- Memory ----
 
 const DeviceOps& ops_for(const fa_tensor& t) {
-  return t.device == FA_DEVICE_CUDA ? cuda_ops() : cpu_ops();
+  const DeviceOps& ops = t.device == FA_DEVICE_CUDA ? cuda_ops() : cpu_ops();
+  ops.require_device(t.device_index);
+  return ops;
 }
 
 class Buffer {
