@@ -126,6 +126,8 @@ Case full_case(const RingCase& r) {
 Options ring_options(const Problem& p) {
   Options o;
   o.causal = p.options.causal;
+  o.softmax_scale = p.options.softmax_scale;
+  o.softcap = p.options.softcap;
   o.backend = FA_BACKEND_CPU;
   o.num_threads = 1;  // the ranks are the threads
   return o;
@@ -140,6 +142,20 @@ TEST_P(RingAttention, MatchesFloat64ReferenceAndSingleDevice) {
                                    [](int) { return std::make_unique<HostMemory>(); });
   const RingResult single = run_single(p, ring_options(p), memory);
   expect_ring_matches(p, ring, single);
+}
+
+// Softcap and a custom scale pass through to every step's call.
+TEST(RingAttentionOptions, SoftcapAndScale) {
+  for (bool causal : {false, true}) {
+    Case c = full_case({3, causal, FA_BF16, 2});
+    c.softcap = 2.5f;
+    c.scale = 0.4f;
+    const Problem p = make_problem(c);
+    HostMemory memory;
+    const RingResult ring = run_ring(p, 3, ring_options(p),
+                                     [](int) { return std::make_unique<HostMemory>(); });
+    expect_ring_matches(p, ring, run_single(p, ring_options(p), memory));
+  }
 }
 
 std::vector<RingCase> ring_cases() {
