@@ -26,3 +26,8 @@ from .interface import (  # noqa: E402,F401
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
+
+try:  # ring attention (context parallelism) needs PyTorch with torch.distributed
+    from .ring import ring_attention  # noqa: E402,F401
+except ImportError:
+    pass

@@ -12,3 +12,12 @@ foreach(src ${FLASHATTN_GPU_TESTS})
   target_link_libraries(${name} PRIVATE flashattn_testing CUDA::cudart GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS gpu TIMEOUT 900)
 endforeach()
+
+# The NCCL ring suite runs the transport's source with NCCL when CMake found it
+# (FLASHATTN_NCCL_LIBRARY, top-level CMakeLists.txt); otherwise it skips.
+if(TARGET test_ring_nccl AND FLASHATTN_NCCL_LIBRARY)
+  target_sources(test_ring_nccl PRIVATE ${PROJECT_SOURCE_DIR}/src/ring/nccl_transport.cpp)
+  target_include_directories(test_ring_nccl PRIVATE ${FLASHATTN_NCCL_INCLUDE_DIR})
+  target_link_libraries(test_ring_nccl PRIVATE ${FLASHATTN_NCCL_LIBRARY})
+  target_compile_definitions(test_ring_nccl PRIVATE FLASHATTN_TEST_NCCL=1)
+endif()
