@@ -88,8 +88,8 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const 
   for (int i = 0; i < rows * kBlockK; ++i) w.s[i] *= p.scale;
   finish_scores(p, mask, alibi, q0, rows, k0, cols, w.s.data());
   matmul_a_bt(w.dout.data(), w.vt.data(), rows, d, w.dp.data());  // dP = dO V^T
-  const float inv_cap = p.softcap > 0 ? 1.0f / p.softcap : 0.0f;
-  float softcap_grad[kBlockK];  // d/du [c tanh(u/c)] = 1 - (s/c)^2 per key of one row
+  const SoftcapScore cap{p.softcap};
+  float softcap_grad[kBlockK];  // d/du [c tanh(u/c)] per key of one row (score_mod.h)
   for (int i = 0; i < rows; ++i) {
     float* s = &w.s[i * kBlockK];
     float* dp = &w.dp[i * kBlockK];
@@ -101,8 +101,8 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const 
     if (p.softcap > 0) {
       // softcap's derivative is a function of the capped score, before the ALiBi term.
       for (int j = 0; j < kBlockK; ++j) {
-        const float capped = (s[j] - alibi.bias<float>(q0 + i, k0 + j)) * inv_cap;
-        softcap_grad[j] = s[j] == kNegInf ? 0.0f : 1.0f - capped * capped;
+        const float capped = s[j] - alibi.bias<float>(q0 + i, k0 + j);
+        softcap_grad[j] = s[j] == kNegInf ? 0.0f : cap.grad(capped);
       }
     }
     exp_shifted(s, w.lse[i]);  // P = exp(S - lse); masked scores (-inf) give 0

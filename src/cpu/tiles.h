@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/layout.h"
+#include "attention/score_mod.h"
 #include "core/params.h"
 
 namespace flashattn::cpu {
@@ -123,9 +124,8 @@ float exp_shifted(float* s, float shift);
 inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
                           int q0, int rows, int k0, int cols, float* s) {
   if (p.softcap > 0) {
-    const float inv_cap = 1.0f / p.softcap;
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = p.softcap * std::tanh(s[i * kBlockK + j] * inv_cap);
+    const SoftcapScore cap{p.softcap};
+    for (int i = 0; i < rows * kBlockK; ++i) s[i] = cap(s[i]);
   }
   if (p.has_alibi()) {
     for (int i = 0; i < rows; ++i)

@@ -21,152 +21,62 @@
 // must stay under the 163 KB an sm_80 CTA can have (H100: 227 KB).
 #pragma once
 
-
 namespace flashattn::cuda::sm80 {
 
-// NOTES (kFastStores; every head dim): the epilogue's O into
-// shared memory with the lane's one swizzle computed once, and whole query
-// tiles copied out with all shared-memory reads before the global stores and
-// no per-row test (kernel.cuh). ncu of d256 1k non-causal (H100, locked
-// clocks) before: the epilogue ran 1170 instructions per warp (the K/V loop
-// ~990 per key tile) and held 6.0% of the warp samples (the prologue 3.3%);
-// torch's FA2 took 1.5% fewer cycles there while ours is 3-5% ahead from 4k.
+// The epilogue stores O through shared memory with one swizzle per lane and
+// copies whole query tiles out without per-row tests (the epilogue was 6% of
+// warp samples at d256 1k before).
 inline constexpr bool kFastStores = true;
 
-// NOTES (TileCopy::kWide): whole K/V
-// tiles at d256 (kFastWholeTiles) copied in FlashAttention-2's thread layout,
-// 8 threads per 128-byte row segment and the 4 column blocks as immediate
-// offsets: 4 row pointers per tile and thread instead of a 64-bit add per
-// 16-byte copy (32 per tile). SASS: LDGSTS [R + imm] from 4 pointers. A/B in
-// one process (5 rounds, H100):
-// +1.4..+3.8% at 512-16k, both masks (10 of 10 cells); 9 rounds at 1k/2k
-// non-causal +1.2/+1.8%. Output bitwise equal.
+// One tile shape. Defaults: 4 warps, 2 CTAs per SM (every shape sits at
+// 190..255 registers with no spills), Q re-read from shared memory per tile,
+// no Q K^T overlap with the softmax (it spills at every width tried), bounds-
+// checked K/V copies, no pair split. The measurements behind each choice are in
+// docs/performance.md (3.2).
+template <int BlockM, int BlockN, int Stages, bool QInRegs = false, bool FastWholeTiles = false,
+          bool PairSplit = false>
+struct Sm80Tile {
+  static constexpr int kBlockM = BlockM, kBlockN = BlockN, kWarps = 4, kStages = Stages;
+  static constexpr bool kQInRegs = QInRegs;
+  static constexpr bool kOverlapQK = false;
+  static constexpr bool kFastWholeTiles = FastWholeTiles;
+  static constexpr int kMinBlocksPerSm = 2;
+  static constexpr bool kPairSplit = PairSplit;
+};
 
 template <int HeadDim>
 struct ForwardTuning;
 
-// NOTES: all numbers below are bf16 forward TFLOP/s on an H100 SXM at the
-// bench protocol (16k tokens, hidden 2048), from a harness that timed several
-// tunings in one process (docs/performance.md). Registers are the real limit:
-// every shape here sits at 190..255 registers with no spills (-Xptxas -v),
-// i.e. 2 CTAs of 4 warps or 1 CTA of 8 warps per SM.
-
-// NOTES: d64's shape with Q in registers (16 regs at d = 32). The wide N = 128
-// tile used before (S = 128 regs, to amortise the per-tile shuffles and
-// barriers) spills 16 bytes in the sm_80 build once K has its own ldmatrix
-// lane pattern (not in sm_90a's); this one: 197 registers (sm_80), 230
-// (sm_90a). Not timed. 32 KB.
+// d32: d64's shape with Q in registers (16 registers at d32); N = 128 spills in
+// the sm_80 build. 32 KB.
 template <>
-struct ForwardTuning<32> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = true;
-  static constexpr bool kOverlapQK = false;
-  static constexpr bool kFastWholeTiles = false;
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = false;
-};
+struct ForwardTuning<32> : Sm80Tile<128, 64, 2, true> {};
 
-// NOTES: FA2's d64 tile: 4 warps x 32 rows, N = 128 (half the per-tile
-// barriers, row-max/sum shuffles and O rescales of N = 64), two stages with one
-// barrier per tile, 80 KB (2 CTAs/SM on an H100 and on an A100). Fits 255
-// registers with no spills since the softcap tanh is branch-free, P is packed
-// per row half, and this width takes the per-row mask bounds (kernel.cuh);
-// before, 40..84 bytes of spills. Run of 2026-11-22 12:50 (that harness, two
-// runs each, seqlen 1023/1k/4k/16k): 276..300/299..306/329..336/335..338
-// (causal 225..226/226..227/295/309..319) against 253..265/262..269/288..292/
-// 298..299 (causal 208..211/208..211/257..266/282..287) for the 128x64 tile
-// used before: +11..17% at 1k..16k, causal +7..15%. One and three stages at
-// N = 128 still spill; Q K_{j+1}^T overlapped with the softmax (kOverlapQK)
-// spills at N = 64 (148 bytes) too.
+// d64: FA2's tile, 4 warps x 32 rows, N = 128 (half the per-tile barriers of
+// N = 64), two stages with one barrier per tile: +11..17% over 128x64. 80 KB.
 template <>
-struct ForwardTuning<64> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = false;
-  static constexpr bool kOverlapQK = false;
-  static constexpr bool kFastWholeTiles = false;
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = false;
-};
+struct ForwardTuning<64> : Sm80Tile<128, 128, 2> {};
 
-// NOTES: 16 rows per warp, N = 128 (d128's previous shape; not re-measured
-// since d128 moved to 32 rows per warp). 60 KB.
+// d96: 16 rows per warp, N = 128, one stage (not re-measured). 60 KB.
 template <>
-struct ForwardTuning<96> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kWarps = 4, kStages = 1;
-  static constexpr bool kQInRegs = false;
-  static constexpr bool kOverlapQK = false;
-  static constexpr bool kFastWholeTiles = false;
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = false;
-};
+struct ForwardTuning<96> : Sm80Tile<64, 128, 1> {};
 
-// NOTES: FA2's d128 shape: 4 warps x 32 rows (each K/V fragment feeds 2
-// mma's, half the ldmatrix traffic of 16 rows), N = 64, here with two stages
-// (one barrier per tile instead of two). 96 KB: 2 CTAs/SM on an H100, 1 on an
-// A100 (164 KB/SM; not measured there; one stage, 64 KB, fits 2). O (128) + S
-// (64) + fragments fit 255 registers without spills since K's fragments load
-// as consecutive register pairs; two stages spilled 20 bytes until P was
-// packed per row half. Run of 2026-11-22 12:50 (that harness, two runs each,
-// seqlen 1023/1k/4k/16k): 342..349/346..348/357..363/378..381 (causal
-// 261..262/259..263/323..327/334..351) against 304..320/313..322/335..348/
-// 352..355 (causal 251..255/252..256/295..309/319..322) for one stage:
-// +3..15% (causal +1..11%). Earlier: 64x64 at 3 CTAs/SM 269/286/294; 8 warps
-// x 16 rows (128x64, 2 stages) 217/250/270.
+// d128: FA2's shape, 4 warps x 32 rows (each K/V fragment feeds 2 mma's), N =
+// 64, two stages: +3..15% over one stage. 96 KB.
 template <>
-struct ForwardTuning<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 2;
-  static constexpr bool kQInRegs = false;
-  static constexpr bool kOverlapQK = false;
-  static constexpr bool kFastWholeTiles = false;
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = false;
-};
+struct ForwardTuning<128> : Sm80Tile<128, 64, 2> {};
 
-// NOTES: 16 rows per warp (O = 96 regs), 4 warps, 72 KB: 2 CTAs/SM. Two CTAs
-// of 4 warps beat one of 8 (128 rows, 144 KB): 285/309/308 against 255/275/279;
-// N = 32 with two stages: 246..282.
+// d192: 16 rows per warp (O = 96 registers), 72 KB: two CTAs of 4 warps beat
+// one of 8.
 template <>
-struct ForwardTuning<192> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
-  static constexpr bool kQInRegs = false;
-  static constexpr bool kOverlapQK = false;
-  static constexpr bool kFastWholeTiles = false;
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = false;
-};
+struct ForwardTuning<192> : Sm80Tile<64, 64, 1> {};
 
-// NOTES: as 192: 4 warps x 16 rows (O = 128 regs), 96 KB, so 2 CTAs/SM on an
-// H100 (1 on an A100): 289/314/314 against 256/274/280 for one CTA of 8 warps
-// (128 rows), whose barriers stall the whole SM. N = 32 with two stages:
-// 242..278; N = 128 spills. Re-run with the K fix (12:07): 292/318/316
-// against 251/281/286 for 8 warps and 226/259/279 for N = 32. Run of
-// 2026-11-22 12:50 (seqlen 1023/1k/4k/16k, this shape 285..295/289..294/
-// 307..313/305..321): Q in registers (255 registers, no spills) 255..263/
-// 260..265/284..291/294..304, i.e. -0..14% (causal within noise); 128 rows x
-// 8 warps, N = 64, one stage 259/260/278/287; N = 32, three stages 234/238/
-// 261/267 (both 1 CTA/SM: half the K/V traffic from L2 per query row did not
-// pay for the SM-wide barriers).
-// NOTES (kPairSplit): ncu at 4k non-causal had shared memory at
-// 75% of its peak (ldmatrix: Q 8 + K 32 + V 32 KB per warp and key tile for
-// 16 rows; torch's FA2, same tile, 77%). With two warps per 32 rows, each
-// reading K for its 32 keys and V for its 128 columns, it is 16 + 16 + 16 KB
-// plus 4 KB of P exchange: 28% fewer bytes for the same mma's. Measured: 60%
-// of peak, 4.3% fewer cycles (2.99M vs 3.13M). A/B in one process
-// (bench/sm90_fwd_ab.py, 3 rounds, two runs, H100): +2..+8% at 1k-8k
-// (non-causal and causal; one cell +0.4%), +2..+6% at 16k. 106.5 KB: sm_86/89
-// (99 KB per CTA) run without it (kernel.cuh's launch_forward). Fragments of
-// the next Q K^T k-step read ahead into a second register set (on top):
-// 0.97..1.01 of without; V's copies spread over the Q K^T k-loop instead of
-// one burst: 0.96..1.00 of without. Dropped.
+// d256: as d192 (O = 128 registers), whole K/V tiles copied without bounds
+// tests in FA2's thread layout (+1.4..3.8%), and two warps per 32 rows each
+// keeping half the keys of S and half the columns of O (kPairSplit: 28% fewer
+// shared-memory bytes, +2..8%). 106.5 KB.
 template <>
-struct ForwardTuning<256> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kStages = 1;
-  static constexpr bool kQInRegs = false;
-  static constexpr bool kOverlapQK = false;
-  static constexpr bool kFastWholeTiles = true;
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr bool kPairSplit = true;
-};
+struct ForwardTuning<256> : Sm80Tile<64, 64, 1, false, true, true> {};
 
 // Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a
 // block of rows; each keeps S for its half of the keys and O for its half of
@@ -198,8 +108,5 @@ static_assert(forward_smem_bytes<ForwardTuning<96>>(96) <= kSm80MaxSmem, "smem")
 static_assert(forward_smem_bytes<ForwardTuning<128>>(128) <= kSm80MaxSmem, "smem");
 static_assert(forward_smem_bytes<ForwardTuning<192>>(192) <= kSm80MaxSmem, "smem");
 static_assert(forward_smem_bytes<ForwardTuning<256>>(256) <= kSm80MaxSmem, "smem");
-
-// The kernel head dims, ascending: a problem runs on the first >= its head dim.
-constexpr int kForwardHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 }  // namespace flashattn::cuda::sm80
