@@ -79,6 +79,8 @@ void add_element(Comparison& c, double got, double exact, double naive, bool nan
     c.max_error = std::max(c.max_error, std::abs(got - exact));
     c.baseline_error = std::max(c.baseline_error, std::abs(naive - exact));
   }
+}
+
 // An f32 tensor of shape (heads) or (batch, heads), contiguous.
 HostTensor make_per_head(int batch, int heads, bool batched) {
   HostTensor t;
