@@ -12,6 +12,7 @@ the run's own spread. Shapes and FLOPs as bench/bench_attention.py (16k tokens, 
 
   PYTHONPATH=python python3 bench/sm90_fwd_ab.py main=a/libflashattn.so new=b/libflashattn.so \\
       --hdims 128 --seqlens 2048,16384 --masks none,causal
+  (old=OLD/libflashattn.so@OLD/_capi.py for a library older than this checkout's binding)
 """
 import argparse
 import importlib.util
@@ -29,9 +30,12 @@ TOKENS, HIDDEN = 16384, 2048
 
 
 def load_binding(name, path):
-    """A private instance of flashattn._capi bound to the library at `path`."""
-    pkg = importlib.util.find_spec("flashattn").submodule_search_locations[0]  # not imported
-    src = os.path.join(pkg, "_capi.py")
+    """A private instance of flashattn._capi bound to the library at `path`. An older
+    library than this checkout's binding expects can bring its own: PATH@CAPI.py."""
+    path, _, src = path.partition("@")
+    if not src:
+        pkg = importlib.util.find_spec("flashattn").submodule_search_locations[0]  # not imported
+        src = os.path.join(pkg, "_capi.py")
     os.environ["FLASHATTN_LIBRARY"] = os.path.abspath(path)
     spec = importlib.util.spec_from_file_location(f"_capi_{name}", src)
     mod = importlib.util.module_from_spec(spec)

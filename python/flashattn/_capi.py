@@ -301,6 +301,10 @@ def library() -> ctypes.CDLL:
             except OSError as e:
                 errors.append(f"{path}: {e}")
                 continue
+            missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+            if missing:
+                errors.append(f"{path}: older than this package (no {', '.join(missing[:3])})")
+                continue
             for name, (restype, argtypes) in _SIGNATURES.items():
                 fn = getattr(lib, name)
                 fn.restype = restype
