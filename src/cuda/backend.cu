@@ -95,7 +95,9 @@ fa_status check_common(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_device_pointer(p.k, "k", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.v, "v", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.out, "out", p.device_index));
-  FA_RETURN_IF_ERROR(check_device_pointer(p.lse, "lse", p.device_index));
+  // The logsumexp is read and written one float at a time: a row slice of it
+  // (ring attention's steps, a caller's view) need only be float-aligned.
+  FA_RETURN_IF_ERROR(check_device_pointer(p.lse, "lse", p.device_index, sizeof(float)));
   FA_RETURN_IF_ERROR(check_device_pointer(p.cu_seqlens_q, "cu_seqlens_q", p.device_index));
   FA_RETURN_IF_ERROR(check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", p.device_index));
   return FA_OK;

@@ -107,6 +107,27 @@ TEST(CudaHardening, EmptyBatchForwardAndBackward) {
                                          nullptr, &c.o, nullptr, 0)));
 }
 
+// The logsumexp needs only float alignment (it is read and written one float
+// at a time; ring attention writes row slices of it): a view that starts one
+// float into its buffer is accepted and holds the right values.
+TEST(CudaHardening, LseViewsNeedOnlyFloatAlignment) {
+  FA_REQUIRE_GPU();
+  Case k;
+  k.dtype = FA_BF16;
+  k.head_dim = 64;
+  k.seqlen_q = 41;
+  k.seqlen_k = 57;
+  DeviceCall c(k);
+  const size_t bytes = c.p.poisoned_lse().bytes.size();
+  DeviceMemory shifted = device_alloc(bytes + sizeof(float));
+  fa_tensor view = c.lse.desc;
+  view.data = static_cast<char*>(shifted.get()) + sizeof(float);
+  ASSERT_EQ(cudaMemcpy(view.data, c.lse.desc.data, bytes, cudaMemcpyDeviceToDevice), cudaSuccess);  // poisoned
+  ASSERT_TRUE(call_completed(fa_forward(&c.d.q.desc, &c.d.k.desc, &c.d.v.desc, &c.out.desc, &view, nullptr, &c.o)));
+  ASSERT_EQ(cudaMemcpy(c.lse.desc.data, view.data, bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+  expect_forward_matches_reference(c.p, {c.out.download(c.p.q), c.lse.download(c.p.poisoned_lse())});
+}
+
 TEST(CudaHardening, OverlappingOutputsRejected) {
   FA_REQUIRE_GPU();
   Case k;
