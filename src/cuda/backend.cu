@@ -155,11 +155,14 @@ fa_status check_kvcache(const KvCacheParams& kp) {
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{kp.k_new, "k_new"},
                                   {kp.v_new, "v_new"},
                                   {kp.rotary_cos, "rotary_cos"},
-                                  {kp.rotary_sin, "rotary_sin"},
-                                  {kp.block_table, "block_table"},
+                                  {kp.rotary_sin, "rotary_sin"}}) {
+    FA_RETURN_IF_ERROR(check_device_pointer(ptr, name, p.device_index));
+  }
+  // The index arrays are read one int32 at a time (core/kvcache.h).
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{kp.block_table, "block_table"},
                                   {kp.cache_seqlens, "cache_seqlens"},
                                   {kp.cache_batch_idx, "cache_batch_idx"}}) {
-    FA_RETURN_IF_ERROR(check_device_pointer(ptr, name, p.device_index));
+    FA_RETURN_IF_ERROR(check_device_pointer(ptr, name, p.device_index, sizeof(int32_t)));
   }
   return FA_OK;
 }

@@ -119,6 +119,31 @@ TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
   EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
 }
 
+// Index arrays are read one int32 at a time: views into a larger array (a
+// slice of a torch tensor, say) need only int32 alignment.
+TEST(CudaKvCacheErrors, IndexArraysNeedOnlyIntAlignment) {
+  FA_REQUIRE_GPU();
+  KvCase c{.seqlen_q = 1, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {20, 5},
+           .seqlen_new = 1, .page_size = 16};
+  const KvProblem p = make_kv_problem(c);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv d(p);
+  fa_kvcache desc = d.describe();
+  const size_t lens_bytes = p.cache_seqlens.size() * sizeof(int32_t);
+  const size_t table_bytes = p.block_table.size() * sizeof(int32_t);
+  DeviceMemory lens = device_alloc(lens_bytes + sizeof(int32_t));
+  DeviceMemory table = device_alloc(table_bytes + sizeof(int32_t));
+  int32_t* lens_view = static_cast<int32_t*>(lens.get()) + 1;
+  int32_t* table_view = static_cast<int32_t*>(table.get()) + 1;
+  ASSERT_EQ(cudaMemcpy(lens_view, desc.cache_seqlens, lens_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(table_view, desc.block_table, table_bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+  desc.cache_seqlens = lens_view;
+  desc.block_table = table_view;
+  const fa_options o = d.options();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, nullptr, 0)));
+  EXPECT_TRUE(d.matches(e));
+}
+
 // A decode step (append + attention) captured once and replayed with new
 // cache_seqlens and new tokens: every replay matches the reference, and a
 // replay whose lengths overflow the cache poisons that sequence only and
