@@ -58,14 +58,8 @@
 //   into the next sequence's rows in no fixed order (the sign of a zero could
 //   change between runs).
 // - compute-sanitizer: memcheck is clean; racecheck reports the producer's
-//   lse/D stores of a stage against the consumers' loads of it (every report
-//   on FLASHATTN_SM90_TEST_SMALL=1 test_sm90_backward is one of these two
-//   store lines against ld_shared_v2): the stores are released by the
-//   producer lanes' mbarrier arrivals on full[s] and acquired by the
-//   consumers' try_wait, and the consumers'
-//   loads are released by their arrivals on empty[s] before the producer
-//   rewrites the stage; racecheck does not model mbarrier ordering (as
-//   test_sm90_primitives notes for bulk copies).
+//   lse/D stores against the consumers' loads, which mbarrier arrivals and
+//   waits order (racecheck does not model mbarriers: false positives).
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
