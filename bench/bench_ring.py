@@ -14,7 +14,7 @@ prints a markdown table (efficiency = ring per-GPU TFLOP/s / single-GPU TFLOP/s 
 per-GPU length and the same total work per token) and writes it with the device, date and
 command to bench/out/ (git-ignored) or --out.
 
-Not run in this repository's sessions (no multi-GPU machine was lent): docs/ring.md.
+Not yet run anywhere: it needs several GPUs (docs/ring.md says what was run).
 """
 import argparse
 import datetime
