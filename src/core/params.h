@@ -10,6 +10,12 @@
 
 namespace flashattn {
 
+// Head dims every backend takes: multiples of 8 (16-byte rows of 16-bit
+// values) up to 256. Validation and the CUDA kernel lists (cuda/head_dims.h)
+// share these.
+inline constexpr int kMaxHeadDim = 256;
+inline constexpr int kHeadDimMultiple = 8;
+
 struct AttentionParams {
   fa_dtype dtype = FA_F32;
   fa_device_type device = FA_DEVICE_CPU;

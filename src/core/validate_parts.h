@@ -11,11 +11,6 @@
 
 namespace flashattn::validation {
 
-// Head dims every backend takes: multiples of 8 (16-byte rows of 16-bit
-// values) up to 256.
-inline constexpr int kMaxHeadDim = 256;
-inline constexpr int kHeadDimMultiple = 8;
-
 std::string shape_string(const fa_tensor& t);
 // A non-null tensor of `ndim` dimensions with valid dtype, device and extents.
 fa_status check_tensor(const fa_tensor* t, const char* name, int ndim);

@@ -7,15 +7,13 @@
 
 #include <type_traits>
 
+#include "core/params.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::cuda {
 
-// What every CUDA kernel takes: multiples of 8 (16-byte rows of 16-bit
-// elements) up to 256. Checked once, in backend.cu's check_common.
-inline constexpr int kMaxHeadDim = 256;
-inline constexpr int kHeadDimMultiple = 8;
-
+// Every list stays within core/params.h's kMaxHeadDim (multiples of
+// kHeadDimMultiple); backend.cu's check_common checks a call against them.
 template <int... Ds>
 struct HeadDims {
   // The smallest kernel head dim >= d, or 0 when none holds it.

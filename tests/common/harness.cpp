@@ -83,19 +83,7 @@ void add_element(Comparison& c, double got, double exact, double naive, bool nan
 
 // An f32 tensor of shape (heads) or (batch, heads), contiguous.
 HostTensor make_per_head(int batch, int heads, bool batched) {
-  HostTensor t;
-  t.desc.dtype = FA_F32;
-  t.desc.device = FA_DEVICE_CPU;
-  t.desc.ndim = batched ? 2 : 1;
-  t.desc.shape[0] = batched ? batch : heads;
-  t.desc.strides[0] = batched ? heads : 1;
-  if (batched) {
-    t.desc.shape[1] = heads;
-    t.desc.strides[1] = 1;
-  }
-  t.bytes.assign(static_cast<size_t>(batched ? batch * heads : heads) * sizeof(float), 0);
-  t.rebind();
-  return t;
+  return batched ? make_host_tensor(FA_F32, {batch, heads}) : make_host_tensor(FA_F32, {heads});
 }
 
 void fill_uniform(HostTensor& t, std::mt19937_64& rng, float lo, float hi) {
@@ -354,6 +342,22 @@ void expect_gradients_match(const Problem& p, const HostTensor& dq, const HostTe
     const Comparison c = compare_rows(*got, *exact, *naive, atol, nan_exact);
     EXPECT_TRUE(c.ok) << c.describe(name);
   }
+}
+
+HostTensor make_host_tensor(fa_dtype dtype, const std::vector<int64_t>& shape) {
+  HostTensor t;
+  t.desc.dtype = dtype;
+  t.desc.device = FA_DEVICE_CPU;
+  t.desc.ndim = static_cast<int32_t>(shape.size());
+  int64_t stride = 1;
+  for (int i = t.desc.ndim - 1; i >= 0; --i) {
+    t.desc.shape[i] = shape[i];
+    t.desc.strides[i] = stride;
+    stride *= shape[i];
+  }
+  t.bytes.assign(static_cast<size_t>(stride) * dtype_size(dtype), 0);
+  t.rebind();
+  return t;
 }
 
 }  // namespace flashattn::testing

@@ -58,6 +58,9 @@ struct HostTensor {
   void rebind() { desc.data = bytes.empty() ? nullptr : bytes.data(); }
 };
 
+// A contiguous, zero-filled host tensor of `shape`.
+HostTensor make_host_tensor(fa_dtype dtype, const std::vector<int64_t>& shape);
+
 struct Problem {
   Case c;
   HostTensor q, k, v, dout;

@@ -23,22 +23,6 @@ constexpr int kSparePages = 2;      // pages in the pool no sequence owns
 constexpr int kSpareCacheRows = 2;  // cache rows no sequence owns (cache_batch_idx cases)
 constexpr double kRotaryBase = 10000.0;
 
-HostTensor make_tensor(fa_dtype dtype, std::vector<int64_t> shape) {
-  HostTensor t;
-  t.desc.dtype = dtype;
-  t.desc.device = FA_DEVICE_CPU;
-  t.desc.ndim = static_cast<int32_t>(shape.size());
-  int64_t stride = 1;
-  for (int i = t.desc.ndim - 1; i >= 0; --i) {
-    t.desc.shape[i] = shape[i];
-    t.desc.strides[i] = stride;
-    stride *= shape[i];
-  }
-  t.bytes.assign(static_cast<size_t>(stride) * dtype_size(dtype), 0);
-  t.rebind();
-  return t;
-}
-
 int64_t elements(const HostTensor& t) { return static_cast<int64_t>(t.bytes.size() / dtype_size(t.desc.dtype)); }
 
 void fill_normal(HostTensor& t, std::mt19937_64& rng) {
@@ -55,8 +39,8 @@ void fill_nan(HostTensor& t) {
 // cos/sin of angle position * base^(-2i / rotary_dim), as in RoPE.
 void fill_rotary(KvProblem& p, int seqlen_ro) {
   const int half = p.c.rotary_dim / 2;
-  p.cos = make_tensor(p.c.dtype, {seqlen_ro, half});
-  p.sin = make_tensor(p.c.dtype, {seqlen_ro, half});
+  p.cos = make_host_tensor(p.c.dtype, {seqlen_ro, half});
+  p.sin = make_host_tensor(p.c.dtype, {seqlen_ro, half});
   for (int t = 0; t < seqlen_ro; ++t) {
     for (int i = 0; i < half; ++i) {
       const double angle = t * std::pow(kRotaryBase, -2.0 * i / p.c.rotary_dim);
@@ -176,7 +160,7 @@ KvProblem make_kv_problem(const KvCase& c) {
   std::mt19937_64 rng(c.seed * 0x9e3779b97f4a7c15ull + 777);
   const int longest = batch ? *std::max_element(c.cached.begin(), c.cached.end()) : 0;
   const int capacity = longest + c.seqlen_new + kCapacitySlack;
-  p.q = make_tensor(c.dtype, {batch, c.seqlen_q, c.heads_q, c.head_dim});
+  p.q = make_host_tensor(c.dtype, {batch, c.seqlen_q, c.heads_q, c.head_dim});
   int64_t cache_rows = batch, slots = capacity;
   if (c.page_size > 0) {
     make_block_table(p, capacity, rng);
@@ -189,12 +173,12 @@ KvProblem make_kv_problem(const KvCase& c) {
     std::shuffle(rows.begin(), rows.end(), rng);
     p.cache_batch_idx.assign(rows.begin(), rows.begin() + batch);
   }
-  p.k_cache = make_tensor(c.dtype, {cache_rows, slots, c.heads_kv, c.head_dim});
-  p.v_cache = make_tensor(c.dtype, {cache_rows, slots, c.heads_kv, c.head_dim});
+  p.k_cache = make_host_tensor(c.dtype, {cache_rows, slots, c.heads_kv, c.head_dim});
+  p.v_cache = make_host_tensor(c.dtype, {cache_rows, slots, c.heads_kv, c.head_dim});
   for (HostTensor* t : {&p.q, &p.k_cache, &p.v_cache}) fill_normal(*t, rng);
   if (c.seqlen_new > 0) {
-    p.k_new = make_tensor(c.dtype, {batch, c.seqlen_new, c.heads_kv, c.head_dim});
-    p.v_new = make_tensor(c.dtype, {batch, c.seqlen_new, c.heads_kv, c.head_dim});
+    p.k_new = make_host_tensor(c.dtype, {batch, c.seqlen_new, c.heads_kv, c.head_dim});
+    p.v_new = make_host_tensor(c.dtype, {batch, c.seqlen_new, c.heads_kv, c.head_dim});
     fill_normal(p.k_new, rng);
     fill_normal(p.v_new, rng);
   }
@@ -253,13 +237,13 @@ KvCacheParams KvProblem::host_params() const {
 }
 
 HostTensor KvProblem::poisoned_out() const {
-  HostTensor t = make_tensor(c.dtype, {c.batch(), c.seqlen_q, c.heads_q, c.head_dim});
+  HostTensor t = make_host_tensor(c.dtype, {c.batch(), c.seqlen_q, c.heads_q, c.head_dim});
   fill_nan(t);
   return t;
 }
 
 HostTensor KvProblem::poisoned_lse() const {
-  HostTensor t = make_tensor(FA_F32, {c.batch(), c.heads_q, c.seqlen_q});
+  HostTensor t = make_host_tensor(FA_F32, {c.batch(), c.heads_q, c.seqlen_q});
   fill_nan(t);
   return t;
 }
