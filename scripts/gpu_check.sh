@@ -47,7 +47,7 @@ if has tests; then
     run_logged "$(basename "$t")" "$t" --gtest_brief=1
   done
   # On an H100 the default dispatch takes the sm90 kernels; run the sm80 ones too.
-  for t in test_cuda_forward test_cuda_backward; do
+  for t in test_cuda_forward test_cuda_backward test_cuda_nan_semantics; do
     [ -x "$src/tests/$t" ] || continue
     FLASHATTN_DISABLE_SM90=1 run_logged "${t}_sm80" "$src/tests/$t" --gtest_brief=1
   done

@@ -28,144 +28,10 @@
 #include "cuda/common/mma.h"
 #include "cuda/common/named_barrier.h"
 #include "cuda/common/swizzle.h"
+#include "cuda/sm80/fwd/tile_copy.cuh"
 #include "cuda/sm80/fwd/tuning.h"
 
 namespace flashattn::cuda::sm80 {
-
-// How kThreads threads copy a swizzled [kRows][kCols] tile in 16-byte chunks.
-// NOTES: each thread keeps one chunk column and steps down kRowsPerPass rows at
-// a time. With kRowsPerPass a multiple of 8 the swizzle of its rows never
-// changes; with 4 (4 warps on head dim 256) it alternates between two values.
-// Either way the addresses are one or two bases plus a constant per step, and
-// nothing per-chunk stays live in registers across the K/V loop (computing each
-// chunk's address from scratch made the compiler hoist 8 64-bit pointers per
-// tile and spill). Threads past kRowsPerPass * kChunks idle (head dims 96 and
-// 192, whose 12/24 chunks do not divide the thread count).
-template <class Tile, int kThreads, bool kFastWholeTiles = false>
-struct TileCopy {
-  static constexpr int kRowsPerPass = (kThreads / Tile::kChunks) >= 8
-                                          ? (kThreads / Tile::kChunks) / 8 * 8
-                                          : (kThreads / Tile::kChunks) / 4 * 4;
-  static constexpr int kPasses = Tile::kRows / kRowsPerPass;
-  static constexpr bool kTwoSwizzles = kRowsPerPass % 8 != 0;
-  static_assert(kRowsPerPass >= 4 && Tile::kRows % (kTwoSwizzles ? 8 : kRowsPerPass) == 0,
-                "tile copy shape");
-  static constexpr uint32_t kRowBytes = Tile::kAtom * 16;
-
-  int row, chunk;  // this thread's first row and its column chunk
-  bool active;
-  uint32_t smem0, smem1;  // byte offsets of (row, chunk) and (row + 4, chunk)
-
-  __device__ __forceinline__ explicit TileCopy(int tid)
-      : row(tid / Tile::kChunks), chunk(tid % Tile::kChunks),
-        active(tid < kRowsPerPass * Tile::kChunks), smem0(Tile::offset(row, chunk)),
-        smem1(kTwoSwizzles ? Tile::offset(row + 4, chunk) : 0u) {}
-
-  // Byte offset of this thread's chunk in pass i.
-  __device__ __forceinline__ uint32_t pass_offset(int i) const {
-    if constexpr (kTwoSwizzles) {
-      return (i & 1) ? smem1 + (i - 1) * kRowsPerPass * kRowBytes : smem0 + i * kRowsPerPass * kRowBytes;
-    } else {
-      return smem0 + i * kRowsPerPass * kRowBytes;
-    }
-  }
-
-  // Rows [0, rows_valid) x columns [0, cols_valid) of a global tile (rows
-  // `row_stride` elements apart) into shared memory at dst; the rest zero-filled.
-  template <typename T>
-  __device__ __forceinline__ void load(uint32_t dst, const T* src, int64_t row_stride,
-                                       int rows_valid, int cols_valid) const {
-    if (!active) return;
-    const bool col_ok = chunk * 8 < cols_valid;
-    // NOTES: the pointer walks down by `step`; the empty asm hides that step is
-    // the same every tile, else the compiler keeps all kPasses multiples of it
-    // live across the K/V loop (2 registers each), which spilled at head dim 128.
-    int64_t step = kRowsPerPass * row_stride;
-    asm volatile("" : "+l"(step));
-    const T* g = src + row * row_stride + chunk * 8;
-    // kFastWholeTiles (tuning.h): a whole tile in bounds (all K/V tiles but a
-    // sequence's last, at the kernel's own head dim) takes copies without the
-    // per-chunk bound test, pointer select and byte count.
-    if (kFastWholeTiles && rows_valid >= Tile::kRows && cols_valid >= Tile::kCols) {
-      if constexpr (kWide) {
-        load_whole_wide(dst, src, row_stride);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kPasses; ++i) {
-          cp_async_16(dst + pass_offset(i), g);
-          g += step;
-        }
-      }
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const bool ok = col_ok && row + i * kRowsPerPass < rows_valid;
-      cp_async_16(dst + pass_offset(i), ok ? g : src, ok);
-      g += step;
-    }
-  }
-
-  // Whole tiles of 128-byte swizzle blocks, FlashAttention-2's thread layout:
-  // 8 threads per 128-byte row segment, each copying its chunk of every
-  // column block of kWideSweeps rows kWideRows apart. One pointer per row, the
-  // column blocks as immediate offsets (global: 128 bytes, shared: one block),
-  // and one swizzle per thread (its rows are equal mod 8).
-  // NOTES: the pass layout above steps one pointer down the tile, a 64-bit
-  // add per 16-byte copy (d256: 32 per K/V tile and thread, ~60 integer
-  // instructions of the ~990 per warp and key tile; torch's FA2 ~24 in all, ncu).
-  // (Only where every thread copies in the pass layout too: load() returns
-  // early for the idle ones, and tid below is rebuilt from row and chunk.)
-  static constexpr bool kWide = Tile::kAtom == 8 &&
-                                Tile::kChunks >= 16 && kThreads % 8 == 0 &&
-                                Tile::kRows % (kThreads / 8) == 0 &&
-                                kRowsPerPass * Tile::kChunks == kThreads;
-  static constexpr int kWideRows = kThreads / 8, kWideSweeps = Tile::kRows / (kThreads / 8);
-  template <typename T>
-  __device__ __forceinline__ void load_whole_wide(uint32_t dst, const T* src, int64_t row_stride) const {
-    const int tid = row * Tile::kChunks + chunk;  // the constructor's thread index
-    const int r0 = tid / 8, cc = tid % 8;
-    const uint32_t d0 = dst + static_cast<uint32_t>((r0 * 8 + (cc ^ (r0 % 8))) * 16);
-#pragma unroll
-    for (int s = 0; s < kWideSweeps; ++s) {
-      const T* g = src + static_cast<int64_t>(r0 + s * kWideRows) * row_stride + cc * 8;
-#pragma unroll
-      for (int b = 0; b < Tile::kChunks / 8; ++b)
-        cp_async_16(d0 + (b * Tile::kRows + s * kWideRows) * 128, g + b * 64);
-    }
-  }
-
-  // The reverse, for the output: rows/columns outside the bounds are not written.
-  // NOTES: a whole tile (every query tile but a sequence's last) reads all its
-  // chunks from shared memory first and then stores them, with no per-row
-  // test: the per-row branch made each store wait for its own read in turn
-  // (ncu, d256 1k: the epilogue was 6% of the warp samples for 1/16 of the work).
-  template <typename T>
-  __device__ __forceinline__ void store(T* dst, int64_t row_stride, const uint8_t* src_smem,
-                                        int rows_valid, int cols_valid) const {
-    if (!active || chunk * 8 >= cols_valid) return;
-    if (kFastStores && rows_valid >= Tile::kRows) {
-      uint4 v[kPasses];
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) v[i] = *reinterpret_cast<const uint4*>(src_smem + pass_offset(i));
-      T* g = dst + row * row_stride + chunk * 8;
-      const int64_t step = kRowsPerPass * row_stride;
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        *reinterpret_cast<uint4*>(g) = v[i];
-        g += step;
-      }
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      if (row + i * kRowsPerPass < rows_valid) {
-        *reinterpret_cast<uint4*>(dst + (row + i * kRowsPerPass) * row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(src_smem + pass_offset(i));
-      }
-    }
-  }
-};
 
 // Named barrier 1 + pair for the two warps of a pair (pair split).
 __device__ __forceinline__ void pair_sync(int pair) { named_sync(1 + pair, 64); }
@@ -190,7 +56,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   constexpr int kKQ = kD / 16;            // k16 steps of Q K^T
   constexpr int kKP = kWarpKeys / 16;     // k16 steps of P V per warp's P
   static_assert(kWarpRows % 16 == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
-  static_assert(!(Cfg::kPairSplit && (Cfg::kOverlapQK || Cfg::kQInRegs)), "pair split: plain loop only");
+  static_assert(!(Cfg::kPairSplit && Cfg::kQInRegs), "pair split: Q from shared memory");
   using QTile = SwizzledTile<kM, kD>;
   using KVTile = SwizzledTile<kN, kD>;
   using Mma = MmaType<T>;
@@ -547,87 +413,46 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     return softcap || p.has_alibi() || !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN);
   };
 
-  if constexpr (!Cfg::kOverlapQK) {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int n0 = (n_first + j) * kN;
-      const int slot = j % kStages;
-      if constexpr (kSplitKV) {
-        cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
-        __syncthreads();     // ... for every thread; V_{j-1} is no longer read
-        issue_v(j, 0);
-        cp_async_commit();
-      } else {
-        cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
-        __syncthreads();            // ... for every thread; the slot of tile j-1 is free
-        issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
-        issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
-        cp_async_commit();
-      }
-
-      // Two bodies, chosen once per tile: the plain one has no branch between
-      // the first mma and the last exp2, so the compiler interleaves freely.
-      // NOTES: a runtime `if` around the mask inside one body split it into
-      // basic blocks; two bodies measured faster (docs/performance.md).
-      Scores s;
-      if (needs_mask(n0)) {
-        qk(s, slot);
-        mask_scores(s, n0 + key_off);
-        softmax(s);
-      } else {
-        qk(s, slot);
-        softmax(s);
-      }
-      if constexpr (Cfg::kPairSplit) share_p();
-
-      if constexpr (kSplitKV) {
-        cp_async_wait<0>();  // V_j landed
-        __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
-        issue_k(j + 1, 0);
-        cp_async_commit();
-      } else if constexpr (Cfg::kPairSplit) {
-        pair_sync(warp / kSplit);  // the partner's P
-      }
-      pv(slot);
-    }
-  } else {
-    // Q K_{j+1}^T is issued together with the softmax of tile j, in one basic
-    // block, so the tensor cores work on the next scores while the same warp
-    // runs the exp2s (mma.sync is asynchronous until its result is read).
-    // Tile j+1 must have landed at iteration j: K_j and V_j load as one
-    // group, kStages - 1 >= 2 tiles ahead. Masking of tile j happens before
-    // that block. The loop is unrolled by two with the roles of the two score
-    // arrays swapped, so no registers are copied between iterations.
-    // NOTES: the last tile takes a body without the next Q K^T rather than
-    // computing a throw-away one.
-    static_assert(kStages >= 3, "Q K_{j+1}^T during tile j needs tile j+1 loaded");
-    auto step = [&](int j, Scores& s_cur, Scores& s_next) {
-      const int n0 = (n_first + j) * kN;
-      cp_async_wait<kStages - 3>();  // tiles j and j+1 landed
-      __syncthreads();               // ... for every thread; the slot of tile j-1 is free
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = (n_first + j) * kN;
+    const int slot = j % kStages;
+    if constexpr (kSplitKV) {
+      cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
+      __syncthreads();     // ... for every thread; V_{j-1} is no longer read
+      issue_v(j, 0);
+      cp_async_commit();
+    } else {
+      cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
+      __syncthreads();            // ... for every thread; the slot of tile j-1 is free
       issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
       issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
       cp_async_commit();
-      if (j + 1 < n_tiles) {
-        qk(s_next, (j + 1) % kStages);
-        softmax(s_cur);
-        pv(j % kStages);
-        if (needs_mask(n0 + kN)) mask_scores(s_next, n0 + kN);
-      } else {
-        softmax(s_cur);
-        pv(j % kStages);
-      }
-    };
-    Scores s0, s1;
-    if (n_tiles > 0) {
-      cp_async_wait<kStages - 2>();  // tile 0 (and Q) landed
-      __syncthreads();
-      qk(s0, 0);
-      if (needs_mask(n_first * kN)) mask_scores(s0, n_first * kN);
     }
-    for (int j = 0; j < n_tiles; j += 2) {
-      step(j, s0, s1);
-      if (j + 1 < n_tiles) step(j + 1, s1, s0);
+
+    // Two bodies, chosen once per tile: the plain one has no branch between
+    // the first mma and the last exp2, so the compiler interleaves freely.
+    // NOTES: a runtime `if` around the mask inside one body split it into
+    // basic blocks; two bodies measured faster (docs/performance.md).
+    Scores s;
+    if (needs_mask(n0)) {
+      qk(s, slot);
+      mask_scores(s, n0 + key_off);
+      softmax(s);
+    } else {
+      qk(s, slot);
+      softmax(s);
     }
+    if constexpr (Cfg::kPairSplit) share_p();
+
+    if constexpr (kSplitKV) {
+      cp_async_wait<0>();  // V_j landed
+      __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
+      issue_k(j + 1, 0);
+      cp_async_commit();
+    } else if constexpr (Cfg::kPairSplit) {
+      pair_sync(warp / kSplit);  // the partner's P
+    }
+    pv(slot);
   }
 
   // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
@@ -655,8 +480,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const float l = l_rows[mt][hf];
-      float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float lse = l > 0.0f ? (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+      // Empty: l == 0 exactly (l >= 1 once a key is seen). A NaN score that
+      // fmaxf kept out of m still made its P, and so l, NaN: NaN O and lse.
+      const bool empty = l == 0.0f;
+      float inv = empty ? 0.0f : 1.0f / l;
+      float lse = empty ? -INFINITY : (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2;
       if (p.has_sinks()) {  // the sink's share of the denominator (score_mod.h)
         const AttentionSink sink{p.sinks[h]};
         const float lse_keys = lse;

@@ -10,8 +10,6 @@
 //             together kStages - 1 tiles ahead, one barrier per tile.
 //   kQInRegs  keep the Q fragments in registers for the whole K/V loop
 //             instead of re-reading them from shared memory every tile.
-//   kOverlapQK  issue S_{j+1} = Q K_{j+1}^T in the same basic block as the
-//             softmax of tile j (needs kStages >= 3).
 //   kFastWholeTiles  K/V tiles wholly in bounds load without per-chunk bound
 //             tests (a second copy loop: fewer instructions per tile, more
 //             code and registers; d 64 and d 128 spill with it).
@@ -30,7 +28,7 @@ inline constexpr bool kFastStores = true;
 
 // One tile shape. Defaults: 4 warps, 2 CTAs per SM (every shape sits at
 // 190..255 registers with no spills), Q re-read from shared memory per tile,
-// no Q K^T overlap with the softmax (it spills at every width tried), bounds-
+// bounds-
 // checked K/V copies, no pair split. The measurements behind each choice are in
 // docs/performance.md (3.2).
 template <int BlockM, int BlockN, int Stages, bool QInRegs = false, bool FastWholeTiles = false,
@@ -38,7 +36,6 @@ template <int BlockM, int BlockN, int Stages, bool QInRegs = false, bool FastWho
 struct Sm80Tile {
   static constexpr int kBlockM = BlockM, kBlockN = BlockN, kWarps = 4, kStages = Stages;
   static constexpr bool kQInRegs = QInRegs;
-  static constexpr bool kOverlapQK = false;
   static constexpr bool kFastWholeTiles = FastWholeTiles;
   static constexpr int kMinBlocksPerSm = 2;
   static constexpr bool kPairSplit = PairSplit;

@@ -177,7 +177,7 @@ struct Epilogue {
     }
   }
 
-  // O / l (0 for rows that saw no key); lse = max logit + log l (-inf then),
+  // O / l (0 for rows that saw no key: l == 0); lse = max logit + log l (-inf then),
   // both with the sink's share when there is one.
   // l holds per-thread partial sums: the quad reduction happens here, once.
   __device__ __forceinline__ void finish(const RowTile& t, float (&o)[D / 2], float (&m)[2], float (&l)[2]) const {
@@ -189,7 +189,9 @@ struct Epilogue {
       sum += __shfl_xor_sync(0xffffffff, sum, 1);
       sum += __shfl_xor_sync(0xffffffff, sum, 2);
       l[r] = sum;
-      inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+      // Empty: l == 0 exactly (l >= 1 once a key is seen); a NaN score made
+      // l NaN (fmaxf kept it out of m), and NaN reaches O and the lse.
+      inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
     }
     // A part of a split tail tile: only the warp that merges the tile's last
     // part stores the rows (from registers: the other warps of its warpgroup
@@ -200,7 +202,7 @@ struct Epilogue {
         if (!merge_split_part<D>(a, t.seg, cw * 4 + warp, 4 * K::kConsumers, lane, o, m, l)) return;
         merged = true;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        for (int r = 0; r < 2; ++r) inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
       }
     }
     // lse = max logit + log l; with a sink, its share of the denominator
@@ -208,7 +210,7 @@ struct Epilogue {
     float lse[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      lse[r] = l[r] > 0.0f ? m[r] * a.logit_scale + logf(l[r]) : -INFINITY;
+      lse[r] = l[r] == 0.0f ? -INFINITY : m[r] * a.logit_scale + logf(l[r]);
       if (p.has_sinks()) {
         const AttentionSink sink{p.sinks[w.h]};
         const float lse_keys = lse[r];
