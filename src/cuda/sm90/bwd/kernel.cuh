@@ -86,6 +86,8 @@
 #include "cuda/common/flags.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm90/arch.h"
+#include "cuda/sm90/bwd/dq.cuh"
+#include "cuda/sm90/bwd/producer.cuh"
 #include "cuda/sm90/bwd/scheduler.cuh"
 #include "cuda/sm90/bwd/traits.h"
 #include "cuda/sm90/memory.h"
@@ -106,32 +108,25 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
 #if FLASHATTN_SM90_DEVICE
   using K = BwdTraits<D, T>;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-  // Deterministic mode dispatches the highest key tile first (see NOTES).
-  const int n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const SequenceInfo seq = sequence_info(p, b);
-  if (n_tile * kBlockN >= seq.seqlen_k) return;  // whole CTA: before any barrier
-  const MaskPolicy mask = mask_for(p, seq);
-  const KeyTileWork w = key_tile_work<kBlockM, kBlockN>(p, mask, n_tile);
-  const int group = p.group_size();
-  const bool varlen = p.is_varlen();
+  BwdCta cta;
+  if (!bwd_cta<kBlockM, kBlockN>(p, cta)) return;  // whole CTA: before any barrier
 
-  extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  float* s_lse = reinterpret_cast<float*>(smem + K::kLseOff);
-  float* s_d = reinterpret_cast<float*>(smem + K::kDOff);
+  BwdSmem<K> sm;
+  sm.lse = reinterpret_cast<float*>(smem + K::kLseOff);
+  sm.d = reinterpret_cast<float*>(smem + K::kDOff);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
-  uint64_t* full_kv = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = full + kStages;
+  sm.full_kv = bars;
+  sm.full = bars + 1;
+  sm.empty = sm.full + K::kStages;
   constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
 
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
-    mbar_init(full_kv, 1);
+    mbar_init(sm.full_kv, 1);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], K::kFullArrivals);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&sm.full[s], K::kFullArrivals);
+      mbar_init(&sm.empty[s], kConsumerWarps);
     }
     mbar_fence_init();
   }
@@ -141,88 +136,13 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<K::Tune::kProducerRegs>();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int bq = varlen ? 0 : b;
-    const int row_q0 = varlen ? static_cast<int>(seq.row_q) : 0;
-    if (K::kDqTma && warp == 1 && w.iters > 0) {
-      // dQ reducer: adds each finished dQ tile into the f32 accumulator with
-      // one TMA reduce per 32-column box (rows past the tensor are skipped;
-      // rows past a varlen sequence hold zeros: dS = 0 there).
-      for (int it = 0; it < w.iters; ++it) {
-        const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
-        const int h = hk * group + it / w.n_m;
-        const int m = w.query_tile(it), q0 = m * kBlockM;
-        int* sem = p.deterministic ? ws.dq_semaphore(p, b, h, m) : nullptr;
-        if (sem != nullptr && lane == 0) {
-          // Key tile n+1, if it sees query tile m, adds its share first.
-          wait_dq_turn(sem, mask, m, n_tile, kBlockM, kBlockN, seq.seqlen_k);
-          fence_proxy_async_global();  // its adds (seen by the acquire) before ours
-        }
-        named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
-        if (lane == 0) {
-#pragma unroll
-          for (int c = 0; c < D / 32; ++c)
-            tma_reduce_add_4d(&tma_dq, smem + K::kDqOff + qb * K::kDqBytes + c * kBlockM * 128,
-                              c * 32, row_q0 + q0, h, bq);
-          bulk_commit();
-          if (sem != nullptr) {
-            bulk_wait<0>();  // the adds are performed, then published
-            fence_proxy_async_global();
-            publish_dq_turn(sem, n_tile);
-          } else {
-            bulk_wait_read<0>();
-          }
-        }
-        __syncwarp();
-        // The consumers wait for this buffer only if they will fill it again.
-        if (it + K::kDqBufs < w.iters) named_arrive(K::kDqFree0 + qb, K::kDqBarThreads);
-      }
-      if (lane == 0) bulk_wait<0>();
+    const int bq = cta.varlen ? 0 : cta.b;
+    const int row_q0 = cta.varlen ? static_cast<int>(cta.seq.row_q) : 0;
+    if (K::kDqTma && warp == 1 && cta.w.iters > 0) {
+      reduce_dq<K>(&tma_dq, p, ws, cta, lane, bq, row_q0);
       return;
     }
-    if (warp != 0 || w.iters == 0) return;
-    const int row_k = (varlen ? static_cast<int>(seq.row_k) : 0) + w.k0;
-    if (lane == 0) {
-      tma_prefetch_map(&tma_q);
-      tma_prefetch_map(&tma_do);
-      mbar_arrive_expect_tx(full_kv, 2 * K::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < K::kColBlocks; ++c) {
-        tma_load_4d(smem + K::kKOff + c * kBlockN * 128, &tma_k, full_kv, c * 64, row_k, hk, bq);
-        tma_load_4d(smem + K::kVOff + c * kBlockN * 128, &tma_v, full_kv, c * 64, row_k, hk, bq);
-      }
-    }
-    for (int it = 0; it < w.iters; ++it) {
-      const int s = it % kStages;
-      const uint32_t ph = (it / kStages) & 1;
-      const int h = hk * group + it / w.n_m;
-      const int q0 = w.query_tile(it) * kBlockM;
-      mbar_wait(&empty[s], ph ^ 1);
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&full[s], 2 * K::kQBytes);
-#pragma unroll
-        for (int c = 0; c < K::kColBlocks; ++c) {
-          tma_load_4d(smem + K::kQOff + s * K::kQBytes + c * kBlockM * 128, &tma_q, &full[s], c * 64,
-                      row_q0 + q0, h, bq);
-          tma_load_4d(smem + K::kDoOff + s * K::kQBytes + c * kBlockM * 128, &tma_do, &full[s],
-                      c * 64, row_q0 + q0, h, bq);
-        }
-      }
-      // lse in the log2 domain (+inf for rows that see no key and rows past the
-      // sequence: P = 0 there) and D of the tile's rows.
-#pragma unroll
-      for (int r = lane; r < kBlockM; r += 32) {
-        const int i = q0 + r;
-        float lse2 = INFINITY, dd = 0.0f;
-        if (i < seq.seqlen_q) {
-          const float lse = p.lse[lse_offset(p, b, seq.row_q, i, h)];
-          lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          dd = ws.row_d[static_cast<int64_t>(h) * p.total_q + seq.row_q + i];
-        }
-        s_lse[s * kBlockM + r] = lse2;
-        s_d[s * kBlockM + r] = dd;
-      }
-      mbar_arrive(&full[s]);  // release: the stores above are visible to the waiters
-    }
+    produce<K>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, sm, warp, lane, bq, row_q0);
   } else {
     // ------------------------------------------------------------ consumers
     setmaxnreg_inc<K::Tune::kConsumerRegs>();
@@ -239,7 +159,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     const uint32_t p_base = smem_addr(smem + K::kPOff);
     const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
     const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
-    const uint32_t lse_base = smem_addr(s_lse), d_base = smem_addr(s_d);
+    const uint32_t lse_base = smem_addr(sm.lse), d_base = smem_addr(sm.d);
     // Operand descriptors: one per buffer and role, built once, then moved by
     // byte offsets (desc_advance: one add per wgmma operand instead of
     // rebuilding it from the address; see the forward kernel's NOTES).
@@ -288,14 +208,14 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < K::kDvN / 2; ++i) dk[i] = dv[i] = 0.0f;
 
-    if (w.iters > 0) mbar_wait(full_kv, 0);
-    for (int it = 0; it < w.iters; ++it) {
+    if (cta.w.iters > 0) mbar_wait(sm.full_kv, 0);
+    for (int it = 0; it < cta.w.iters; ++it) {
       const int s = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
       const int buf = it & 1;
-      const int h = hk * group + it / w.n_m;
-      const int q0 = w.query_tile(it) * kBlockM;
-      mbar_wait(&full[s], ph);
+      const int h = cta.head(it);
+      const int q0 = cta.w.query_tile(it) * kBlockM;
+      mbar_wait(&sm.full[s], ph);
 
       // S^T = K Q^T and dP^T = V dO^T (64 keys x kSN queries each), two
       // commit groups so that P can be computed while dP^T is still running.
@@ -313,7 +233,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
 
       // Element e of accumulator tile i: key key_r + 8*(e>>1), query
       // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
-      const bool full_tile = mask.tile_fully_visible(q0, q0 + kBlockM, w.k0, w.k0 + kBlockN);
+      const bool full_tile = cta.mask.tile_fully_visible(q0, q0 + kBlockM, cta.w.k0, cta.w.k0 + kBlockN);
       const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
       auto lse_of = [&](int i) { return ld_shared_v2(lse_base + row_off + 32u * i); };
       auto d_of = [&](int i) { return ld_shared_v2(d_base + row_off + 32u * i); };
@@ -370,9 +290,9 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         int rel_lo[2], count[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int kj = w.k0 + key_r + 8 * r;
-          const int lo = mask.query_begin(kj);
-          const int hi = kj < seq.seqlen_k ? min(mask.query_end(kj + 1), seq.seqlen_q) : lo;
+          const int kj = cta.w.k0 + key_r + 8 * r;
+          const int lo = cta.mask.query_begin(kj);
+          const int hi = kj < cta.seq.seqlen_k ? min(cta.mask.query_end(kj + 1), cta.seq.seqlen_q) : lo;
           rel_lo[r] = lo - q0 - q_col - 2 * quad;
           count[r] = max(hi - lo, 0);
         }
@@ -471,7 +391,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         fence_operands(dv);
         fence_operands(dk);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
+        if (lane == 0) mbar_arrive(&sm.empty[s]);
       };
       if constexpr (!K::kSplitD) release_stage();
 
@@ -522,15 +442,15 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
           const uint32_t base = (ds_half ? ds_base : p_base) + (buf ^ 1) * K::kDsBytes;
           return base + k * 128 + (((cw * 4 + unit % 4) ^ (k & 7)) << 4);
         };
-        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + warp * 16) * D +
+        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0 + warp * 16) * D +
                          cw * K::kDqN;
-        const int rows_left = seq.seqlen_q - q0 - warp * 16;
+        const int rows_left = cta.seq.seqlen_q - q0 - warp * 16;
         // Deterministic mode: key tile n+1, if it sees query tile m, has added
         // its share first (acquired by one thread, passed on by the barrier);
         // ours is published after every thread's adds are performed.
-        int* const sem = p.deterministic ? ws.dq_semaphore(p, b, h, q0 / kBlockM) : nullptr;
+        int* const sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, q0 / kBlockM) : nullptr;
         if (sem != nullptr) {
-          if (cw == 0 && tid == 0) wait_dq_turn(sem, mask, q0 / kBlockM, n_tile, kBlockM, kBlockN, seq.seqlen_k);
+          if (cw == 0 && tid == 0) wait_dq_turn(sem, cta.mask, q0 / kBlockM, cta.n_tile, kBlockM, kBlockN, cta.seq.seqlen_k);
           named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
         }
 #pragma unroll
@@ -555,14 +475,14 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
         if (sem != nullptr) {
           __threadfence();  // this thread's adds are performed before the semaphore moves
           named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
-          if (cw == 0 && tid == 0) publish_dq_turn(sem, n_tile);
+          if (cw == 0 && tid == 0) publish_dq_turn(sem, cta.n_tile);
         }
       } else {
-        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
+        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0) * D;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = dq_row0 + 8 * r;
-          if (q0 + row >= seq.seqlen_q) continue;
+          if (q0 + row >= cta.seq.seqlen_q) continue;
 #pragma unroll
           for (int i = 0; i < K::kDqN / 8; ++i)
             red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
@@ -578,12 +498,12 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     // dK (scaled), dV: rows of this sequence's keys only.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int key = w.k0 + key_r + 8 * r;
-      if (key >= seq.seqlen_k) continue;
-      T* dkrow = static_cast<T*>(p.dk) + row_offset(b, seq.row_k, key, hk, p.dk_batch_stride,
-                                                    p.dk_row_stride, p.dk_head_stride, varlen);
-      T* dvrow = static_cast<T*>(p.dv) + row_offset(b, seq.row_k, key, hk, p.dv_batch_stride,
-                                                    p.dv_row_stride, p.dv_head_stride, varlen);
+      const int key = cta.w.k0 + key_r + 8 * r;
+      if (key >= cta.seq.seqlen_k) continue;
+      T* dkrow = static_cast<T*>(p.dk) + row_offset(cta.b, cta.seq.row_k, key, cta.hk, p.dk_batch_stride,
+                                                    p.dk_row_stride, p.dk_head_stride, cta.varlen);
+      T* dvrow = static_cast<T*>(p.dv) + row_offset(cta.b, cta.seq.row_k, key, cta.hk, p.dv_batch_stride,
+                                                    p.dv_row_stride, p.dv_head_stride, cta.varlen);
 #pragma unroll
       for (int i = 0; i < K::kDvN / 8; ++i) {
         const int c = (K::kSplitD ? cw * K::kDvN : 0) + 8 * i + 2 * quad;
