@@ -99,6 +99,19 @@ struct BwdSmem {
   uint64_t* empty;    // [kStages]: every consumer warp is done with the stage
 };
 
+// A consumer thread's place in the tile, fixed for the kernel. Keys are the
+// M dimension of S^T, dP^T, dV and dK: element e of accumulator n8 tile i
+// belongs to key key_r + 8 * (e >> 1) and to query (S^T, dP^T) or column
+// (dV, dK) 8i + 2*quad + (e & 1) of this consumer's span.
+struct ConsumerThread {
+  int cw;       // consumer warpgroup (warpgroup cw + 1)
+  int tid;      // thread of the warpgroup
+  int warp, lane, quad;
+  int key_off;  // this consumer's first key of the tile
+  int q_col;    // this consumer's first query of S^T
+  int key_r;    // this thread's keys (accumulator rows): key_r and key_r + 8 of the tile
+};
+
 #if defined(__CUDACC__)
 // The kernel's dynamic shared memory; its base rounded up to 1024 bytes (the
 // 128B-swizzle atom) is smem_raw + smem_align_pad().

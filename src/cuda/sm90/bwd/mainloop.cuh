@@ -1,0 +1,395 @@
+// The Hopper backward's consumers (mainloop).
+#pragma once
+
+#include "attention/mask.h"
+#include "core/layout.h"
+#include "core/numeric.h"
+#include "core/params.h"
+#include "cuda/bwd/workspace.h"
+#include "cuda/common/flags.h"
+#include "cuda/common/mma.h"
+#include "cuda/sm90/bwd/dq.cuh"
+#include "cuda/sm90/bwd/scheduler.cuh"
+#include "cuda/sm90/bwd/traits.h"
+#include "cuda/sm90/memory.h"
+#include "cuda/sm90/sync.h"
+#include "cuda/sm90/wgmma.h"
+
+namespace flashattn::cuda::sm90 {
+
+// A consumer warpgroup's walk: dK, dV accumulate over every query tile, then
+// the epilogue writes them.
+template <class K, typename T>
+__device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
+                                        const BwdSmem<K>& sm, int cw) {
+  constexpr int D = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  uint8_t* const smem = smem_raw + smem_align_pad();
+  // ------------------------------------------------------------ consumers
+  const int tid = threadIdx.x % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  const int quad = lane % 4;
+
+  const uint32_t k_base = smem_addr(smem + K::kKOff);
+  const uint32_t v_base = smem_addr(smem + K::kVOff);
+  const uint32_t q_base = smem_addr(smem + K::kQOff);
+  const uint32_t do_base = smem_addr(smem + K::kDoOff);
+  const uint32_t ds_base = smem_addr(smem + K::kDsOff);
+  const uint32_t p_base = smem_addr(smem + K::kPOff);
+  const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
+  const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
+  const uint32_t lse_base = smem_addr(sm.lse), d_base = smem_addr(sm.d);
+  // Operand descriptors: one per buffer and role, built once, then moved by
+  // byte offsets (desc_advance: one add per wgmma operand instead of
+  // rebuilding it from the address; see the forward kernel's NOTES).
+  // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
+  const uint64_t k_rows = make_smem_desc_sw128(k_base + key_off * 128, 16, 1024);
+  const uint64_t v_rows = make_smem_desc_sw128(v_base + key_off * 128, 16, 1024);
+  auto desc_kv_rows = [&](uint64_t rows, int kk) {
+    return desc_advance(rows, (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
+  };
+  // B = this consumer's queries of the Q / dO tile as N (K-major over d).
+  const uint64_t q_rows = make_smem_desc_sw128(q_base + q_col * 128, 16, 1024);
+  const uint64_t do_rows = make_smem_desc_sw128(do_base + q_col * 128, 16, 1024);
+  auto desc_qdo_rows = [&](uint64_t rows, int s, int kk) {
+    return desc_advance(desc_advance(rows, s * K::kQBytes), (kk / 4) * kBlockM * 128 + (kk % 4) * 32);
+  };
+  // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
+  // consumer's kDvN columns), k-step kt.
+  const uint32_t dv_col_off = K::kSplitD ? cw * (K::kDvN / 64) * kBlockM * 128 : 0;
+  const uint64_t q_mn = make_smem_desc_sw128(q_base + dv_col_off, kBlockM * 128, 1024);
+  const uint64_t do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
+  auto desc_qdo_mn = [&](uint64_t mn, int s, int kt) {
+    return desc_advance(desc_advance(mn, s * K::kQBytes), kt * 16 * 128);
+  };
+  // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
+  // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
+  const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
+  const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * (K::kDqN / 64) * kBlockN * 128;
+  const uint64_t ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
+  const uint64_t k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
+  auto desc_ds = [&](int buf, int kt) {
+    return desc_advance(desc_advance(ds_mn, buf * K::kDsBytes), kt * 16 * 128);
+  };
+  auto desc_k_mn = [&](int kt) { return desc_advance(k_mn, kt * 16 * 128); };
+  // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
+  const uint64_t p_t_rows = make_smem_desc_sw128(p_base, 16, 1024);
+  const uint64_t ds_t_rows = make_smem_desc_sw128(ds_base, 16, 1024);
+  auto desc_t_rows = [&](uint64_t rows, int buf, int kt) {
+    return desc_advance(desc_advance(rows, buf * K::kDsBytes), kt * 32);
+  };
+
+  const float scale_log2 = ws.scale_log2;
+  // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
+  const int key_r = key_off + warp * 16 + lane / 4;
+
+  float dk[K::kDvN / 2], dv[K::kDvN / 2];
+#pragma unroll
+  for (int i = 0; i < K::kDvN / 2; ++i) dk[i] = dv[i] = 0.0f;
+
+  if (cta.w.iters > 0) mbar_wait(sm.full_kv, 0);
+  for (int it = 0; it < cta.w.iters; ++it) {
+    const int s = it % kStages;
+    const uint32_t ph = (it / kStages) & 1;
+    const int buf = it & 1;
+    const int h = cta.head(it);
+    const int q0 = cta.w.query_tile(it) * kBlockM;
+    mbar_wait(&sm.full[s], ph);
+
+    // S^T = K Q^T and dP^T = V dO^T (64 keys x kSN queries each), two
+    // commit groups so that P can be computed while dP^T is still running.
+    constexpr int kSN = K::kSN;
+    float st[kSN / 2], dpt[kSN / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaSS<kSN, T>::run(st, desc_kv_rows(k_rows, kk), desc_qdo_rows(q_rows, s, kk), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaSS<kSN, T>::run(dpt, desc_kv_rows(v_rows, kk), desc_qdo_rows(do_rows, s, kk), kk > 0);
+    wgmma_commit();
+
+    // Element e of accumulator tile i: key key_r + 8*(e>>1), query
+    // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
+    const bool full_tile = cta.mask.tile_fully_visible(q0, q0 + kBlockM, cta.w.k0, cta.w.k0 + kBlockN);
+    const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
+    auto lse_of = [&](int i) { return ld_shared_v2(lse_base + row_off + 32u * i); };
+    auto d_of = [&](int i) { return ld_shared_v2(d_base + row_off + 32u * i); };
+    // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
+    uint32_t pa[kSN / 16][4], da[kSN / 16][4];
+    auto to_frags = [&](const float (&acc)[kSN / 2], uint32_t (&f)[kSN / 16][4]) {
+#pragma unroll
+      for (int kt = 0; kt < kSN / 16; ++kt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) f[kt][j] = pack2<T>(acc[8 * kt + 2 * j], acc[8 * kt + 2 * j + 1]);
+    };
+    // dV += P^T dO and dK += dS^T Q (issue only; the fragments stay untouched).
+    auto issue_dv = [&]() {
+      fence_operands(dv);
+      fence_operands(pa);
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
+      wgmma_commit();
+    };
+    auto issue_dk = [&]() {
+      fence_operands(dk);
+      fence_operands(da);
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
+      wgmma_commit();
+    };
+
+    // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
+    // dS^T is computed.
+    if constexpr (K::Tune::kOverlapP) {
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(st);
+#pragma unroll
+    for (int i = 0; i < kSN / 8; ++i) {
+      const float2 lse2 = lse_of(i);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+      }
+    }
+    if (!full_tile) {
+      // Boundary tile: key j sees queries [query_begin(j), query_end(j + 1))
+      // of the sequence (none if j is past it). Per key row r of this thread,
+      // query column c of the tile is visible iff c - lo_r (unsigned) < n_r.
+      // NOTES: a separate pass with two bounds per row, not visible() per
+      // element inside the exp loop: that made the d 64 kernel's loop body
+      // large enough to stall on instruction fetch (ncu: no_instruction was
+      // the top stall reason).
+      int rel_lo[2], count[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int kj = cta.w.k0 + key_r + 8 * r;
+        const int lo = cta.mask.query_begin(kj);
+        const int hi = kj < cta.seq.seqlen_k ? min(cta.mask.query_end(kj + 1), cta.seq.seqlen_q) : lo;
+        rel_lo[r] = lo - q0 - q_col - 2 * quad;
+        count[r] = max(hi - lo, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < kSN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const bool vis = static_cast<unsigned>(8 * i + (e & 1) - rel_lo[r]) < static_cast<unsigned>(count[r]);
+          st[4 * i + e] = vis ? st[4 * i + e] : 0.0f;
+        }
+    }
+    // dS^T (or P^T) -> shared memory [key][query], 128B-swizzled (chunk ^=
+    // row % 8): fragment f[kt][j] is accumulator tile i = 2kt + (j >> 1), key
+    // row key_r + 8 * (j & 1), queries q_col + 8i + 2*quad, +1.
+    auto store_t = [&](uint32_t base, const uint32_t (&f)[kSN / 16][4]) {
+      const uint32_t rowb = base + buf * K::kDsBytes + key_r * 128 + quad * 4;
+      const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
+#pragma unroll
+      for (int kt = 0; kt < kSN / 16; ++kt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int i = q_col / 8 + 2 * kt + (j >> 1);
+          st_shared_b32(rowb + (i / 8) * (kBlockN * 128) + (j & 1) * 1024 + ((i % 8) ^ swz) * 16, f[kt][j]);
+        }
+      }
+    };
+    if constexpr (K::kSplitD) {
+      to_frags(st, pa);
+      store_t(p_base, pa);
+      wgmma_wait<0>();
+    } else if constexpr (K::Tune::kEarlyDv) {
+      to_frags(st, pa);
+      issue_dv();
+      wgmma_wait<1>();  // dP^T done (dV may still run)
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(dpt);
+#pragma unroll
+    for (int i = 0; i < kSN / 8; ++i) {
+      const float2 dd = d_of(i);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
+    }
+    if constexpr (K::kSplitD) {
+      to_frags(dpt, da);
+    } else if constexpr (K::Tune::kEarlyDv) {
+      to_frags(dpt, da);
+      issue_dk();
+    } else {
+      // One group for both (two groups made ptxas serialize the wgmmas at d 64).
+      to_frags(st, pa);
+      to_frags(dpt, da);
+      fence_operands(dv);
+      fence_operands(dk);
+      fence_operands(pa);
+      fence_operands(da);
+      wgmma_fence();
+#pragma unroll
+      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
+#pragma unroll
+      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
+      wgmma_commit();
+    }
+
+    store_t(ds_base, da);
+    fence_proxy_async_smem();
+    named_sync(K::kDsBarrier, 128 * K::kConsumers);
+
+    // dQ partial = dS K (this warpgroup's half), then into the accumulator;
+    // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
+    float dq[K::kDqN / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds(buf, kt), desc_k_mn(kt), kt > 0);
+    wgmma_commit();
+    if constexpr (K::kSplitD) {
+#pragma unroll
+      for (int kt = 0; kt < kBlockM / 16; ++kt)
+        WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows(p_t_rows, buf, kt), desc_qdo_mn(do_mn, s, kt), 1);
+#pragma unroll
+      for (int kt = 0; kt < kBlockM / 16; ++kt)
+        WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows(ds_t_rows, buf, kt), desc_qdo_mn(q_mn, s, kt), 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dQ done; dV, dK run on under its write-out
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(dq);
+    fence_operands(pa);
+    fence_operands(da);
+    // Q, dO, lse, D of stage s are no longer read (split-d: once dV, dK are done).
+    auto release_stage = [&]() {
+      fence_operands(dv);
+      fence_operands(dk);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&sm.empty[s]);
+    };
+    if constexpr (!K::kSplitD) release_stage();
+
+    const int dq_row0 = (K::kDqSplitM ? cw * 64 : 0) + warp * 16 + lane / 4;
+    const int dq_col0 = (K::kDqSplitM ? 0 : cw * K::kDqN) + 2 * quad;
+    if constexpr (K::kDqTma) {
+      // Into dQ buffer qb (box c/32: rows x 128 bytes, 16-byte chunk index
+      // ^= row % 8: the 8 rows of a store land in distinct banks), then the
+      // reducer warp adds it into the accumulator.
+      const int qb = it % K::kDqBufs;
+      if (it >= K::kDqBufs) named_sync(K::kDqFree0 + qb, K::kDqBarThreads);
+      // Column col = col_base + 8i + 2*quad (col_base = 0 or cw * kDqN): box
+      // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
+      // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
+      const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
+                            ((K::kDqSplitM ? 0 : cw * (K::kDqN / 32)) * kBlockM + dq_row0) * 128 + (quad % 2) * 8;
+      const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int i = 0; i < K::kDqN / 8; ++i) {
+          const uint32_t box = i / 4;
+          const uint32_t chunk = (2 * (i % 4) + quad / 2) ^ swz;
+          st_shared_v2(rowb + box * (kBlockM * 128) + r * 1024 + chunk * 16, dq[4 * i + 2 * r],
+                       dq[4 * i + 2 * r + 1]);
+        }
+      }
+      fence_proxy_async_smem();
+      named_arrive(K::kDqFull0 + qb, K::kDqBarThreads);
+    } else if constexpr (K::kSplitD) {
+      // Row-contiguous reduce-adds: 8 lanes cover 128 bytes of one dQ row, so
+      // each red.v4 instruction is 4 L2 requests of 4 sectors. The accumulator
+      // fragment gives a row's 32-column span to only 4 lanes (red.v2: 8
+      // requests of 1 sector), and that request rate, not the bytes, was what
+      // saturated the L2 crossbar (NOTES). Each warp transposes its 16 rows x
+      // 32 columns (2 KB) at a time through shared memory: the bytes its own
+      // store_t wrote into the P^T / dS^T buffers [buf ^ 1] (its 16 key rows,
+      // this warpgroup's 4 chunks of each). Their last readers, tile it - 1's
+      // wgmmas of both warpgroups, finished before either reached this tile's
+      // kDsBarrier; their next writer is this warp's store_t of tile it + 1.
+      // Scratch row r, unit u (16 bytes): P^T key row warp*16 + r for u < 4,
+      // dS^T key row warp*16 + (r ^ 4) for u >= 4, chunk u % 4 of this
+      // warpgroup's: the 8 units a quarter-warp loads then sit in 8 distinct
+      // bank groups (k % 8 differs in bit 2), and the 8 rows a store covers too.
+      auto scratch = [&](int row, int unit) {
+        const bool ds_half = unit >= 4;
+        const int k = warp * 16 + (ds_half ? row ^ 4 : row);
+        const uint32_t base = (ds_half ? ds_base : p_base) + (buf ^ 1) * K::kDsBytes;
+        return base + k * 128 + (((cw * 4 + unit % 4) ^ (k & 7)) << 4);
+      };
+      float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0 + warp * 16) * D +
+                       cw * K::kDqN;
+      const int rows_left = cta.seq.seqlen_q - q0 - warp * 16;
+      // Deterministic mode: key tile n+1, if it sees query tile m, has added
+      // its share first (acquired by one thread, passed on by the barrier);
+      // ours is published after every thread's adds are performed.
+      int* const sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, q0 / kBlockM) : nullptr;
+      if (sem != nullptr) {
+        if (cw == 0 && tid == 0) wait_dq_turn(sem, cta.mask, q0 / kBlockM, cta.n_tile, kBlockM, kBlockN, cta.seq.seqlen_k);
+        named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
+      }
+#pragma unroll
+      for (int ch = 0; ch < K::kDqN / 32; ++ch) {
+        // Fragment tiles 4ch .. 4ch+3 (columns 32ch .. 32ch+31): tile t's
+        // columns 8t + 2*quad, +1 are unit 2t + quad/2, byte 8 * (quad % 2).
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            st_shared_v2(scratch(lane / 4 + 8 * r, 2 * t + quad / 2) + 8 * (quad % 2),
+                         dq[4 * (4 * ch + t) + 2 * r], dq[4 * (4 * ch + t) + 2 * r + 1]);
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int row = lane / 8 + 4 * j;
+          const float4 v = ld_shared_v4(scratch(row, lane % 8));
+          if (row < rows_left) red_add_v4(dq_base + row * D + 32 * ch + 4 * (lane % 8), v);
+        }
+        __syncwarp();
+      }
+      if (sem != nullptr) {
+        __threadfence();  // this thread's adds are performed before the semaphore moves
+        named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
+        if (cw == 0 && tid == 0) publish_dq_turn(sem, cta.n_tile);
+      }
+    } else {
+      float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0) * D;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = dq_row0 + 8 * r;
+        if (q0 + row >= cta.seq.seqlen_q) continue;
+#pragma unroll
+        for (int i = 0; i < K::kDqN / 8; ++i)
+          red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      }
+    }
+    if constexpr (K::kSplitD) {
+      wgmma_wait<0>();
+      release_stage();
+    }
+  }
+
+  // ---------------------------------------------------------- epilogue
+  // dK (scaled), dV: rows of this sequence's keys only.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = cta.w.k0 + key_r + 8 * r;
+    if (key >= cta.seq.seqlen_k) continue;
+    T* dkrow = static_cast<T*>(p.dk) + row_offset(cta.b, cta.seq.row_k, key, cta.hk, p.dk_batch_stride,
+                                                  p.dk_row_stride, p.dk_head_stride, cta.varlen);
+    T* dvrow = static_cast<T*>(p.dv) + row_offset(cta.b, cta.seq.row_k, key, cta.hk, p.dv_batch_stride,
+                                                  p.dv_row_stride, p.dv_head_stride, cta.varlen);
+#pragma unroll
+    for (int i = 0; i < K::kDvN / 8; ++i) {
+      const int c = (K::kSplitD ? cw * K::kDvN : 0) + 8 * i + 2 * quad;
+      *reinterpret_cast<uint32_t*>(dkrow + c) =
+          pack2<T>(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvrow + c) = pack2<T>(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm90
