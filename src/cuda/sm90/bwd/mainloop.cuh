@@ -11,6 +11,7 @@
 #include "cuda/sm90/bwd/dq.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/scheduler.cuh"
+#include "cuda/sm90/bwd/softmax.cuh"
 #include "cuda/sm90/bwd/traits.h"
 #include "cuda/sm90/memory.h"
 #include "cuda/sm90/sync.h"
@@ -115,16 +116,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
     const bool full_tile = cta.mask.tile_fully_visible(q0, q0 + kBlockM, cta.w.k0, cta.w.k0 + kBlockN);
     const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
-    auto lse_of = [&](int i) { return ld_shared_v2(lse_base + row_off + 32u * i); };
-    auto d_of = [&](int i) { return ld_shared_v2(d_base + row_off + 32u * i); };
-    // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
     uint32_t pa[kSN / 16][4], da[kSN / 16][4];
-    auto to_frags = [&](const float (&acc)[kSN / 2], uint32_t (&f)[kSN / 16][4]) {
-#pragma unroll
-      for (int kt = 0; kt < kSN / 16; ++kt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) f[kt][j] = pack2<T>(acc[8 * kt + 2 * j], acc[8 * kt + 2 * j + 1]);
-    };
     // dV += P^T dO and dK += dS^T Q (issue only; the fragments stay untouched).
     auto issue_dv = [&]() {
       fence_operands(dv);
@@ -150,84 +142,33 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    fence_operands(st);
-#pragma unroll
-    for (int i = 0; i < kSN / 8; ++i) {
-      const float2 lse2 = lse_of(i);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
-      }
-    }
+    exp_scores<K>(st, lse_base + row_off, scale_log2);
     if (!full_tile) {
-      // Boundary tile: key j sees queries [query_begin(j), query_end(j + 1))
-      // of the sequence (none if j is past it). Per key row r of this thread,
-      // query column c of the tile is visible iff c - lo_r (unsigned) < n_r.
-      // NOTES: a separate pass with two bounds per row, not visible() per
-      // element inside the exp loop: that made the d 64 kernel's loop body
-      // large enough to stall on instruction fetch (ncu: no_instruction was
-      // the top stall reason).
       int rel_lo[2], count[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int kj = cta.w.k0 + key_r + 8 * r;
-        const int lo = cta.mask.query_begin(kj);
-        const int hi = kj < cta.seq.seqlen_k ? min(cta.mask.query_end(kj + 1), cta.seq.seqlen_q) : lo;
-        rel_lo[r] = lo - q0 - q_col - 2 * quad;
-        count[r] = max(hi - lo, 0);
-      }
-#pragma unroll
-      for (int i = 0; i < kSN / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const bool vis = static_cast<unsigned>(8 * i + (e & 1) - rel_lo[r]) < static_cast<unsigned>(count[r]);
-          st[4 * i + e] = vis ? st[4 * i + e] : 0.0f;
-        }
+      visible_spans(rel_lo, count, cta, th, q0);
+      zero_invisible<K>(st, rel_lo, count);
     }
-    // dS^T (or P^T) -> shared memory [key][query], 128B-swizzled (chunk ^=
-    // row % 8): fragment f[kt][j] is accumulator tile i = 2kt + (j >> 1), key
-    // row key_r + 8 * (j & 1), queries q_col + 8i + 2*quad, +1.
-    auto store_t = [&](uint32_t base, const uint32_t (&f)[kSN / 16][4]) {
-      const uint32_t rowb = base + buf * K::kDsBytes + key_r * 128 + quad * 4;
-      const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
-#pragma unroll
-      for (int kt = 0; kt < kSN / 16; ++kt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = q_col / 8 + 2 * kt + (j >> 1);
-          st_shared_b32(rowb + (i / 8) * (kBlockN * 128) + (j & 1) * 1024 + ((i % 8) ^ swz) * 16, f[kt][j]);
-        }
-      }
-    };
     if constexpr (K::kSplitD) {
-      to_frags(st, pa);
-      store_t(p_base, pa);
+      to_frags<K, T>(st, pa);
+      store_transposed<K>(p_base, buf, pa, th);
       wgmma_wait<0>();
     } else if constexpr (K::Tune::kEarlyDv) {
-      to_frags(st, pa);
+      to_frags<K, T>(st, pa);
       issue_dv();
       wgmma_wait<1>();  // dP^T done (dV may still run)
     } else {
       wgmma_wait<0>();
     }
-    fence_operands(dpt);
-#pragma unroll
-    for (int i = 0; i < kSN / 8; ++i) {
-      const float2 dd = d_of(i);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
-    }
+    ds_scores<K>(dpt, st, d_base + row_off);
     if constexpr (K::kSplitD) {
-      to_frags(dpt, da);
+      to_frags<K, T>(dpt, da);
     } else if constexpr (K::Tune::kEarlyDv) {
-      to_frags(dpt, da);
+      to_frags<K, T>(dpt, da);
       issue_dk();
     } else {
       // One group for both (two groups made ptxas serialize the wgmmas at d 64).
-      to_frags(st, pa);
-      to_frags(dpt, da);
+      to_frags<K, T>(st, pa);
+      to_frags<K, T>(dpt, da);
       fence_operands(dv);
       fence_operands(dk);
       fence_operands(pa);
@@ -240,7 +181,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       wgmma_commit();
     }
 
-    store_t(ds_base, da);
+    store_transposed<K>(ds_base, buf, da, th);
     fence_proxy_async_smem();
     named_sync(K::kDsBarrier, 128 * K::kConsumers);
 
