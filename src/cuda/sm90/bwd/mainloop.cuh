@@ -19,12 +19,127 @@
 
 namespace flashattn::cuda::sm90 {
 
+// Operand descriptor steps (desc_advance: one add per wgmma operand instead of
+// rebuilding the descriptor from the address; see the forward kernel's NOTES).
+// K / V rows (K-major over d), k-step kk of 16 columns: 4 per 128-byte row,
+// then the next 64-column block.
+template <class K>
+__device__ __forceinline__ uint64_t desc_kv_rows(uint64_t rows, int kk) {
+  return desc_advance(rows, (kk / 4) * K::kBlockN * 128 + (kk % 4) * 32);
+}
+// Q / dO rows of stage s (K-major over d), k-step kk.
+template <class K>
+__device__ __forceinline__ uint64_t desc_qdo_rows(uint64_t rows, int s, int kk) {
+  return desc_advance(desc_advance(rows, s * K::kQBytes), (kk / 4) * K::kBlockM * 128 + (kk % 4) * 32);
+}
+// Q / dO of stage s, MN-major, k-step kt of 16 queries.
+template <class K>
+__device__ __forceinline__ uint64_t desc_qdo_mn(uint64_t mn, int s, int kt) {
+  return desc_advance(desc_advance(mn, s * K::kQBytes), kt * 16 * 128);
+}
+// dS of buffer buf, MN-major, k-step kt of 16 keys.
+template <class K>
+__device__ __forceinline__ uint64_t desc_ds(uint64_t ds_mn, int buf, int kt) {
+  return desc_advance(desc_advance(ds_mn, buf * K::kDsBytes), kt * 16 * 128);
+}
+// K, MN-major, k-step kt of 16 keys.
+__device__ __forceinline__ uint64_t desc_k_mn(uint64_t k_mn, int kt) { return desc_advance(k_mn, kt * 16 * 128); }
+// Split-d P^T / dS^T of buffer buf (K-major over queries), k-step kt.
+template <class K>
+__device__ __forceinline__ uint64_t desc_t_rows(uint64_t rows, int buf, int kt) {
+  return desc_advance(desc_advance(rows, buf * K::kDsBytes), kt * 32);
+}
+
+// S^T = K Q^T and dP^T = V dO^T of stage s (64 keys x kSN queries each), two
+// commit groups so that P can be computed while dP^T is still running.
+template <class K, typename T>
+__device__ __forceinline__ void issue_s_dp(float (&st)[K::kSN / 2], float (&dpt)[K::kSN / 2], uint64_t k_rows,
+                                           uint64_t v_rows, uint64_t q_rows, uint64_t do_rows, int s) {
+  constexpr int kSN = K::kSN;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K::kHeadDim / 16; ++kk)
+    WgmmaSS<kSN, T>::run(st, desc_kv_rows<K>(k_rows, kk), desc_qdo_rows<K>(q_rows, s, kk), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < K::kHeadDim / 16; ++kk)
+    WgmmaSS<kSN, T>::run(dpt, desc_kv_rows<K>(v_rows, kk), desc_qdo_rows<K>(do_rows, s, kk), kk > 0);
+  wgmma_commit();
+}
+
+// acc += F B, A fragments f from registers, B = dO or Q of stage s (MN-major
+// descriptor mn): dV += P^T dO, dK += dS^T Q (issue only; the fragments stay
+// untouched).
+template <class K, typename T>
+__device__ __forceinline__ void issue_update(float (&acc)[K::kDvN / 2], uint32_t (&f)[K::kSN / 16][4], uint64_t mn,
+                                             int s) {
+  fence_operands(acc);
+  fence_operands(f);
+  wgmma_fence();
+#pragma unroll
+  for (int kt = 0; kt < K::kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(acc, f[kt], desc_qdo_mn<K>(mn, s, kt), 1);
+  wgmma_commit();
+}
+
+// dV += P^T dO and dK += dS^T Q in one commit group (two groups made ptxas
+// serialize the wgmmas at d 64).
+template <class K, typename T>
+__device__ __forceinline__ void issue_updates_together(float (&dv)[K::kDvN / 2], float (&dk)[K::kDvN / 2],
+                                                       uint32_t (&pa)[K::kSN / 16][4], uint32_t (&da)[K::kSN / 16][4],
+                                                       uint64_t do_mn, uint64_t q_mn, int s) {
+  fence_operands(dv);
+  fence_operands(dk);
+  fence_operands(pa);
+  fence_operands(da);
+  wgmma_fence();
+#pragma unroll
+  for (int kt = 0; kt < K::kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn<K>(do_mn, s, kt), 1);
+#pragma unroll
+  for (int kt = 0; kt < K::kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn<K>(q_mn, s, kt), 1);
+  wgmma_commit();
+}
+
+// dQ partial = dS K (this warpgroup's half; dS^T of buffer buf), its own group.
+template <class K, typename T>
+__device__ __forceinline__ void issue_dq(float (&dq)[K::kDqN / 2], uint64_t ds_mn, uint64_t k_mn, int buf) {
+  wgmma_fence();
+#pragma unroll
+  for (int kt = 0; kt < K::kBlockN / 16; ++kt)
+    WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds<K>(ds_mn, buf, kt), desc_k_mn(k_mn, kt), kt > 0);
+  wgmma_commit();
+}
+
+// Split-d: dV += P^T dO and dK += dS^T Q with A = P^T / dS^T from shared
+// memory (both warpgroups' halves of buffer buf), in their own group.
+template <class K, typename T>
+__device__ __forceinline__ void issue_split_d_updates(float (&dv)[K::kDvN / 2], float (&dk)[K::kDvN / 2],
+                                                      uint64_t p_t_rows, uint64_t ds_t_rows, uint64_t do_mn,
+                                                      uint64_t q_mn, int buf, int s) {
+#pragma unroll
+  for (int kt = 0; kt < K::kBlockM / 16; ++kt)
+    WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows<K>(p_t_rows, buf, kt), desc_qdo_mn<K>(do_mn, s, kt), 1);
+#pragma unroll
+  for (int kt = 0; kt < K::kBlockM / 16; ++kt)
+    WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows<K>(ds_t_rows, buf, kt), desc_qdo_mn<K>(q_mn, s, kt), 1);
+  wgmma_commit();
+}
+
+// Q, dO, lse, D of the stage are no longer read (split-d: once dV, dK are done).
+template <class K>
+__device__ __forceinline__ void release_stage(float (&dv)[K::kDvN / 2], float (&dk)[K::kDvN / 2], uint64_t* empty,
+                                              int lane) {
+  fence_operands(dv);
+  fence_operands(dk);
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty);
+}
+
 // A consumer warpgroup's walk: dK, dV accumulate over every query tile, then
 // the epilogue writes them.
 template <class K, typename T>
 __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
                                         const BwdSmem<K>& sm, int cw) {
-  constexpr int D = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   uint8_t* const smem = smem_raw + smem_align_pad();
   // ------------------------------------------------------------ consumers
   const int tid = threadIdx.x % 128;
@@ -41,44 +156,27 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
   const uint32_t lse_base = smem_addr(sm.lse), d_base = smem_addr(sm.d);
   // Operand descriptors: one per buffer and role, built once, then moved by
-  // byte offsets (desc_advance: one add per wgmma operand instead of
-  // rebuilding it from the address; see the forward kernel's NOTES).
+  // byte offsets (desc_kv_rows, ...).
   // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
   const uint64_t k_rows = make_smem_desc_sw128(k_base + key_off * 128, 16, 1024);
   const uint64_t v_rows = make_smem_desc_sw128(v_base + key_off * 128, 16, 1024);
-  auto desc_kv_rows = [&](uint64_t rows, int kk) {
-    return desc_advance(rows, (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
-  };
   // B = this consumer's queries of the Q / dO tile as N (K-major over d).
   const uint64_t q_rows = make_smem_desc_sw128(q_base + q_col * 128, 16, 1024);
   const uint64_t do_rows = make_smem_desc_sw128(do_base + q_col * 128, 16, 1024);
-  auto desc_qdo_rows = [&](uint64_t rows, int s, int kk) {
-    return desc_advance(desc_advance(rows, s * K::kQBytes), (kk / 4) * kBlockM * 128 + (kk % 4) * 32);
-  };
   // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
   // consumer's kDvN columns), k-step kt.
   const uint32_t dv_col_off = K::kSplitD ? cw * (K::kDvN / 64) * kBlockM * 128 : 0;
   const uint64_t q_mn = make_smem_desc_sw128(q_base + dv_col_off, kBlockM * 128, 1024);
   const uint64_t do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
-  auto desc_qdo_mn = [&](uint64_t mn, int s, int kt) {
-    return desc_advance(desc_advance(mn, s * K::kQBytes), kt * 16 * 128);
-  };
   // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
   // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
   const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
   const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * (K::kDqN / 64) * kBlockN * 128;
   const uint64_t ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
   const uint64_t k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
-  auto desc_ds = [&](int buf, int kt) {
-    return desc_advance(desc_advance(ds_mn, buf * K::kDsBytes), kt * 16 * 128);
-  };
-  auto desc_k_mn = [&](int kt) { return desc_advance(k_mn, kt * 16 * 128); };
   // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
   const uint64_t p_t_rows = make_smem_desc_sw128(p_base, 16, 1024);
   const uint64_t ds_t_rows = make_smem_desc_sw128(ds_base, 16, 1024);
-  auto desc_t_rows = [&](uint64_t rows, int buf, int kt) {
-    return desc_advance(desc_advance(rows, buf * K::kDsBytes), kt * 32);
-  };
 
   const float scale_log2 = ws.scale_log2;
   // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
@@ -98,42 +196,15 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     const int q0 = cta.w.query_tile(it) * kBlockM;
     mbar_wait(&sm.full[s], ph);
 
-    // S^T = K Q^T and dP^T = V dO^T (64 keys x kSN queries each), two
-    // commit groups so that P can be computed while dP^T is still running.
     constexpr int kSN = K::kSN;
     float st[kSN / 2], dpt[kSN / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaSS<kSN, T>::run(st, desc_kv_rows(k_rows, kk), desc_qdo_rows(q_rows, s, kk), kk > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaSS<kSN, T>::run(dpt, desc_kv_rows(v_rows, kk), desc_qdo_rows(do_rows, s, kk), kk > 0);
-    wgmma_commit();
+    issue_s_dp<K, T>(st, dpt, k_rows, v_rows, q_rows, do_rows, s);
 
     // Element e of accumulator tile i: key key_r + 8*(e>>1), query
     // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
     const bool full_tile = cta.mask.tile_fully_visible(q0, q0 + kBlockM, cta.w.k0, cta.w.k0 + kBlockN);
     const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
     uint32_t pa[kSN / 16][4], da[kSN / 16][4];
-    // dV += P^T dO and dK += dS^T Q (issue only; the fragments stay untouched).
-    auto issue_dv = [&]() {
-      fence_operands(dv);
-      fence_operands(pa);
-      wgmma_fence();
-#pragma unroll
-      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
-      wgmma_commit();
-    };
-    auto issue_dk = [&]() {
-      fence_operands(dk);
-      fence_operands(da);
-      wgmma_fence();
-#pragma unroll
-      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
-      wgmma_commit();
-    };
 
     // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
     // dS^T is computed.
@@ -154,7 +225,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       wgmma_wait<0>();
     } else if constexpr (K::Tune::kEarlyDv) {
       to_frags<K, T>(st, pa);
-      issue_dv();
+      issue_update<K, T>(dv, pa, do_mn, s);
       wgmma_wait<1>();  // dP^T done (dV may still run)
     } else {
       wgmma_wait<0>();
@@ -164,21 +235,12 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       to_frags<K, T>(dpt, da);
     } else if constexpr (K::Tune::kEarlyDv) {
       to_frags<K, T>(dpt, da);
-      issue_dk();
+      issue_update<K, T>(dk, da, q_mn, s);
     } else {
       // One group for both (two groups made ptxas serialize the wgmmas at d 64).
       to_frags<K, T>(st, pa);
       to_frags<K, T>(dpt, da);
-      fence_operands(dv);
-      fence_operands(dk);
-      fence_operands(pa);
-      fence_operands(da);
-      wgmma_fence();
-#pragma unroll
-      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
-#pragma unroll
-      for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
-      wgmma_commit();
+      issue_updates_together<K, T>(dv, dk, pa, da, do_mn, q_mn, s);
     }
 
     store_transposed<K>(ds_base, buf, da, th);
@@ -188,18 +250,9 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     // dQ partial = dS K (this warpgroup's half), then into the accumulator;
     // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
     float dq[K::kDqN / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds(buf, kt), desc_k_mn(kt), kt > 0);
-    wgmma_commit();
+    issue_dq<K, T>(dq, ds_mn, k_mn, buf);
     if constexpr (K::kSplitD) {
-#pragma unroll
-      for (int kt = 0; kt < kBlockM / 16; ++kt)
-        WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows(p_t_rows, buf, kt), desc_qdo_mn(do_mn, s, kt), 1);
-#pragma unroll
-      for (int kt = 0; kt < kBlockM / 16; ++kt)
-        WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows(ds_t_rows, buf, kt), desc_qdo_mn(q_mn, s, kt), 1);
-      wgmma_commit();
+      issue_split_d_updates<K, T>(dv, dk, p_t_rows, ds_t_rows, do_mn, q_mn, buf, s);
       wgmma_wait<1>();  // dQ done; dV, dK run on under its write-out
     } else {
       wgmma_wait<0>();
@@ -207,19 +260,12 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     fence_operands(dq);
     fence_operands(pa);
     fence_operands(da);
-    // Q, dO, lse, D of stage s are no longer read (split-d: once dV, dK are done).
-    auto release_stage = [&]() {
-      fence_operands(dv);
-      fence_operands(dk);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&sm.empty[s]);
-    };
-    if constexpr (!K::kSplitD) release_stage();
+    if constexpr (!K::kSplitD) release_stage<K>(dv, dk, &sm.empty[s], lane);
 
     write_dq<K>(dq, p, ws, cta, th, p_base, ds_base, it, buf, h, q0);
     if constexpr (K::kSplitD) {
       wgmma_wait<0>();
-      release_stage();
+      release_stage<K>(dv, dk, &sm.empty[s], lane);
     }
   }
 
