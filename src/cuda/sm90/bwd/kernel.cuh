@@ -98,6 +98,17 @@
 
 namespace flashattn::cuda::sm90 {
 
+template <class K>
+__device__ __forceinline__ void init_barriers(const BwdSmem<K>& sm) {
+  constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+  mbar_init(sm.full_kv, 1);
+  for (int s = 0; s < K::kStages; ++s) {
+    mbar_init(&sm.full[s], K::kFullArrivals);
+    mbar_init(&sm.empty[s], kConsumerWarps);
+  }
+  mbar_fence_init();
+}
+
 template <int D, typename T>
 __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tma_q,
@@ -112,25 +123,10 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
   BwdCta cta;
   if (!bwd_cta<kBlockM, kBlockN>(p, cta)) return;  // whole CTA: before any barrier
 
-  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  BwdSmem<K> sm;
-  sm.lse = reinterpret_cast<float*>(smem + K::kLseOff);
-  sm.d = reinterpret_cast<float*>(smem + K::kDOff);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
-  sm.full_kv = bars;
-  sm.full = bars + 1;
-  sm.empty = sm.full + K::kStages;
-  constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+  const BwdSmem<K> sm;
 
   const int wg = warpgroup_index();
-  if (threadIdx.x == 0) {
-    mbar_init(sm.full_kv, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sm.full[s], K::kFullArrivals);
-      mbar_init(&sm.empty[s], kConsumerWarps);
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) init_barriers<K>(sm);
   __syncthreads();
 
   if (wg == 0) {

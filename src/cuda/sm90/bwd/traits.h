@@ -85,11 +85,21 @@ struct BwdTraits {
                 "setmaxnreg budget over the register file");
 };
 
+#if defined(__CUDACC__)
+// The kernel's dynamic shared memory; its base rounded up to 1024 bytes (the
+// 128B-swizzle atom) is smem_raw + smem_align_pad().
+// NOTES: each part forms that base itself, in the function that adds tile
+// offsets to it. A base passed in as an argument, or returned by a helper,
+// had its offsets folded before the base was known: re-associated address
+// arithmetic and machine code different from the one-function kernel's.
+extern __shared__ uint8_t smem_raw[];
+__device__ __forceinline__ uint32_t smem_align_pad() { return (1024 - (smem_addr(smem_raw) & 1023)) & 1023; }
+#endif
+
 // Shared memory as the traits lay it out: from the 1024-byte aligned base, K,
 // V, the kStages ring of Q and dO, the dS^T (and split-d P^T) buffers, the dQ
 // staging buffers, the ring's lse and D rows, then the mbarriers. The parts
-// address tiles from the base and share these pointers (set up once by the
-// kernel).
+// address the tiles from the base and share these pointers.
 template <class K>
 struct BwdSmem {
   float* lse;         // [kStages][kBlockM]: log2-domain lse of the stage's query rows
@@ -97,6 +107,17 @@ struct BwdSmem {
   uint64_t* full_kv;  // K and V of the key tile have landed
   uint64_t* full;     // [kStages]: Q, dO (TMA bytes) and lse, D (the producer warp's arrivals)
   uint64_t* empty;    // [kStages]: every consumer warp is done with the stage
+#if defined(__CUDACC__)
+  __device__ __forceinline__ BwdSmem() {
+    uint8_t* const smem = smem_raw + smem_align_pad();
+    lse = reinterpret_cast<float*>(smem + K::kLseOff);
+    d = reinterpret_cast<float*>(smem + K::kDOff);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
+    full_kv = bars;
+    full = bars + 1;
+    empty = full + K::kStages;
+  }
+#endif
 };
 
 // A consumer thread's place in the tile, fixed for the kernel. Keys are the
@@ -111,16 +132,5 @@ struct ConsumerThread {
   int q_col;    // this consumer's first query of S^T
   int key_r;    // this thread's keys (accumulator rows): key_r and key_r + 8 of the tile
 };
-
-#if defined(__CUDACC__)
-// The kernel's dynamic shared memory; its base rounded up to 1024 bytes (the
-// 128B-swizzle atom) is smem_raw + smem_align_pad().
-// NOTES: each part forms that base itself, in the function that adds tile
-// offsets to it. A base passed in as an argument, or returned by a helper,
-// had its offsets folded before the base was known: re-associated address
-// arithmetic and machine code different from the one-function kernel's.
-extern __shared__ uint8_t smem_raw[];
-__device__ __forceinline__ uint32_t smem_align_pad() { return (1024 - (smem_addr(smem_raw) & 1023)) & 1023; }
-#endif
 
 }  // namespace flashattn::cuda::sm90
