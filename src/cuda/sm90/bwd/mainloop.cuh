@@ -19,6 +19,50 @@
 
 namespace flashattn::cuda::sm90 {
 
+// A consumer's shared-memory operands, built once per kernel: the buffers'
+// addresses and one wgmma descriptor per buffer and role, moved by byte
+// offsets per k-step (desc_kv_rows, ...).
+struct ConsumerOperands {
+  uint32_t ds_base, p_base, lse_base, d_base;
+  uint64_t k_rows, v_rows, q_rows, do_rows, q_mn, do_mn, ds_mn, k_mn, p_t_rows, ds_t_rows;
+
+  template <class K>
+  __device__ __forceinline__ void build(const BwdSmem<K>& sm, const ConsumerThread& th) {
+    constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN;
+    uint8_t* const smem = smem_raw + smem_align_pad();
+    const uint32_t k_base = smem_addr(smem + K::kKOff);
+    const uint32_t v_base = smem_addr(smem + K::kVOff);
+    const uint32_t q_base = smem_addr(smem + K::kQOff);
+    const uint32_t do_base = smem_addr(smem + K::kDoOff);
+    ds_base = smem_addr(smem + K::kDsOff);
+    p_base = smem_addr(smem + K::kPOff);
+    lse_base = smem_addr(sm.lse);
+    d_base = smem_addr(sm.d);
+    // Operand descriptors: one per buffer and role, built once, then moved by
+    // byte offsets (desc_kv_rows, ...).
+    // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
+    k_rows = make_smem_desc_sw128(k_base + th.key_off * 128, 16, 1024);
+    v_rows = make_smem_desc_sw128(v_base + th.key_off * 128, 16, 1024);
+    // B = this consumer's queries of the Q / dO tile as N (K-major over d).
+    q_rows = make_smem_desc_sw128(q_base + th.q_col * 128, 16, 1024);
+    do_rows = make_smem_desc_sw128(do_base + th.q_col * 128, 16, 1024);
+    // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
+    // consumer's kDvN columns), k-step kt.
+    const uint32_t dv_col_off = K::kSplitD ? th.cw * (K::kDvN / 64) * kBlockM * 128 : 0;
+    q_mn = make_smem_desc_sw128(q_base + dv_col_off, kBlockM * 128, 1024);
+    do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
+    // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
+    // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
+    const uint32_t dq_a_off = K::kDqSplitM ? th.cw * kBlockN * 128 : 0;
+    const uint32_t dq_b_off = K::kDqSplitM ? 0 : th.cw * (K::kDqN / 64) * kBlockN * 128;
+    ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
+    k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
+    // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
+    p_t_rows = make_smem_desc_sw128(p_base, 16, 1024);
+    ds_t_rows = make_smem_desc_sw128(ds_base, 16, 1024);
+  }
+};
+
 // Operand descriptor steps (desc_advance: one add per wgmma operand instead of
 // rebuilding the descriptor from the address; see the forward kernel's NOTES).
 // K / V rows (K-major over d), k-step kk of 16 columns: 4 per 128-byte row,
@@ -140,48 +184,12 @@ template <class K, typename T>
 __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
                                         const BwdSmem<K>& sm, int cw) {
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-  uint8_t* const smem = smem_raw + smem_align_pad();
-  // ------------------------------------------------------------ consumers
-  const int tid = threadIdx.x % 128;
-  const int warp = tid / 32, lane = tid % 32;
-  const int quad = lane % 4;
+  ConsumerThread th;
+  th.place<K>(cw);
 
-  const uint32_t k_base = smem_addr(smem + K::kKOff);
-  const uint32_t v_base = smem_addr(smem + K::kVOff);
-  const uint32_t q_base = smem_addr(smem + K::kQOff);
-  const uint32_t do_base = smem_addr(smem + K::kDoOff);
-  const uint32_t ds_base = smem_addr(smem + K::kDsOff);
-  const uint32_t p_base = smem_addr(smem + K::kPOff);
-  const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
-  const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
-  const uint32_t lse_base = smem_addr(sm.lse), d_base = smem_addr(sm.d);
-  // Operand descriptors: one per buffer and role, built once, then moved by
-  // byte offsets (desc_kv_rows, ...).
-  // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
-  const uint64_t k_rows = make_smem_desc_sw128(k_base + key_off * 128, 16, 1024);
-  const uint64_t v_rows = make_smem_desc_sw128(v_base + key_off * 128, 16, 1024);
-  // B = this consumer's queries of the Q / dO tile as N (K-major over d).
-  const uint64_t q_rows = make_smem_desc_sw128(q_base + q_col * 128, 16, 1024);
-  const uint64_t do_rows = make_smem_desc_sw128(do_base + q_col * 128, 16, 1024);
-  // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
-  // consumer's kDvN columns), k-step kt.
-  const uint32_t dv_col_off = K::kSplitD ? cw * (K::kDvN / 64) * kBlockM * 128 : 0;
-  const uint64_t q_mn = make_smem_desc_sw128(q_base + dv_col_off, kBlockM * 128, 1024);
-  const uint64_t do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
-  // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
-  // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
-  const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
-  const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * (K::kDqN / 64) * kBlockN * 128;
-  const uint64_t ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
-  const uint64_t k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
-  // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
-  const uint64_t p_t_rows = make_smem_desc_sw128(p_base, 16, 1024);
-  const uint64_t ds_t_rows = make_smem_desc_sw128(ds_base, 16, 1024);
-
+  ConsumerOperands op;
+  op.build<K>(sm, th);
   const float scale_log2 = ws.scale_log2;
-  // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
-  const int key_r = key_off + warp * 16 + lane / 4;
-  const ConsumerThread th{cw, tid, warp, lane, quad, key_off, q_col, key_r};
 
   float dk[K::kDvN / 2], dv[K::kDvN / 2];
 #pragma unroll
@@ -198,12 +206,12 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
 
     constexpr int kSN = K::kSN;
     float st[kSN / 2], dpt[kSN / 2];
-    issue_s_dp<K, T>(st, dpt, k_rows, v_rows, q_rows, do_rows, s);
+    issue_s_dp<K, T>(st, dpt, op.k_rows, op.v_rows, op.q_rows, op.do_rows, s);
 
-    // Element e of accumulator tile i: key key_r + 8*(e>>1), query
-    // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
+    // Element e of accumulator tile i: key th.key_r + 8*(e>>1), query
+    // q0 + th.q_col + 8i + 2*th.quad + (e&1). P = 0 where masked (see NOTES).
     const bool full_tile = cta.mask.tile_fully_visible(q0, q0 + kBlockM, cta.w.k0, cta.w.k0 + kBlockN);
-    const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
+    const uint32_t row_off = 4u * (s * kBlockM + th.q_col + 2 * th.quad);
     uint32_t pa[kSN / 16][4], da[kSN / 16][4];
 
     // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
@@ -213,7 +221,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    exp_scores<K>(st, lse_base + row_off, scale_log2);
+    exp_scores<K>(st, op.lse_base + row_off, scale_log2);
     if (!full_tile) {
       int rel_lo[2], count[2];
       visible_spans(rel_lo, count, cta, th, q0);
@@ -221,38 +229,38 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     }
     if constexpr (K::kSplitD) {
       to_frags<K, T>(st, pa);
-      store_transposed<K>(p_base, buf, pa, th);
+      store_transposed<K>(op.p_base, buf, pa, th);
       wgmma_wait<0>();
     } else if constexpr (K::Tune::kEarlyDv) {
       to_frags<K, T>(st, pa);
-      issue_update<K, T>(dv, pa, do_mn, s);
+      issue_update<K, T>(dv, pa, op.do_mn, s);
       wgmma_wait<1>();  // dP^T done (dV may still run)
     } else {
       wgmma_wait<0>();
     }
-    ds_scores<K>(dpt, st, d_base + row_off);
+    ds_scores<K>(dpt, st, op.d_base + row_off);
     if constexpr (K::kSplitD) {
       to_frags<K, T>(dpt, da);
     } else if constexpr (K::Tune::kEarlyDv) {
       to_frags<K, T>(dpt, da);
-      issue_update<K, T>(dk, da, q_mn, s);
+      issue_update<K, T>(dk, da, op.q_mn, s);
     } else {
       // One group for both (two groups made ptxas serialize the wgmmas at d 64).
       to_frags<K, T>(st, pa);
       to_frags<K, T>(dpt, da);
-      issue_updates_together<K, T>(dv, dk, pa, da, do_mn, q_mn, s);
+      issue_updates_together<K, T>(dv, dk, pa, da, op.do_mn, op.q_mn, s);
     }
 
-    store_transposed<K>(ds_base, buf, da, th);
+    store_transposed<K>(op.ds_base, buf, da, th);
     fence_proxy_async_smem();
     named_sync(K::kDsBarrier, 128 * K::kConsumers);
 
     // dQ partial = dS K (this warpgroup's half), then into the accumulator;
     // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
     float dq[K::kDqN / 2];
-    issue_dq<K, T>(dq, ds_mn, k_mn, buf);
+    issue_dq<K, T>(dq, op.ds_mn, op.k_mn, buf);
     if constexpr (K::kSplitD) {
-      issue_split_d_updates<K, T>(dv, dk, p_t_rows, ds_t_rows, do_mn, q_mn, buf, s);
+      issue_split_d_updates<K, T>(dv, dk, op.p_t_rows, op.ds_t_rows, op.do_mn, op.q_mn, buf, s);
       wgmma_wait<1>();  // dQ done; dV, dK run on under its write-out
     } else {
       wgmma_wait<0>();
@@ -260,12 +268,12 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     fence_operands(dq);
     fence_operands(pa);
     fence_operands(da);
-    if constexpr (!K::kSplitD) release_stage<K>(dv, dk, &sm.empty[s], lane);
+    if constexpr (!K::kSplitD) release_stage<K>(dv, dk, &sm.empty[s], th.lane);
 
-    write_dq<K>(dq, p, ws, cta, th, p_base, ds_base, it, buf, h, q0);
+    write_dq<K>(dq, p, ws, cta, th, op.p_base, op.ds_base, it, buf, h, q0);
     if constexpr (K::kSplitD) {
       wgmma_wait<0>();
-      release_stage<K>(dv, dk, &sm.empty[s], lane);
+      release_stage<K>(dv, dk, &sm.empty[s], th.lane);
     }
   }
 

@@ -131,6 +131,21 @@ struct ConsumerThread {
   int key_off;  // this consumer's first key of the tile
   int q_col;    // this consumer's first query of S^T
   int key_r;    // this thread's keys (accumulator rows): key_r and key_r + 8 of the tile
+#if defined(__CUDACC__)
+  // Split-d: both consumers take the tile's 64 keys and half of its queries;
+  // otherwise consumer cw takes keys cw*64 .. cw*64+63 and all queries.
+  template <class K>
+  __device__ __forceinline__ void place(int cw_) {
+    cw = cw_;
+    tid = threadIdx.x % 128;
+    warp = tid / 32;
+    lane = tid % 32;
+    quad = lane % 4;
+    key_off = K::kSplitD ? 0 : cw * 64;
+    q_col = K::kSplitD ? cw * K::kSN : 0;
+    key_r = key_off + warp * 16 + lane / 4;
+  }
+#endif
 };
 
 }  // namespace flashattn::cuda::sm90
