@@ -1,13 +1,32 @@
-// The Hopper backward's consumers (mainloop).
+// The Hopper backward's consumers (warpgroups 1 and 2): 64 keys each (split-d,
+// d 256: the same 64 keys, the queries of S^T and the columns of dK, dV, dQ
+// split between them), keys as wgmma's M dimension. Per query tile of the walk:
+//   S^T  = K Q^T                  wgmma, A = K (smem, K-major), B = Q (K-major)
+//   dP^T = V dO^T                 wgmma, A = V, B = dO
+//   P^T, dS^T                     softmax.cuh
+//   dV  += P^T dO                 wgmma, A = P^T (registers), B = dO (MN-major)
+//   dK  += dS^T Q                 wgmma, A = dS^T (registers), B = Q (MN-major)
+//   dS^T -> shared memory ([key][query], 128B-swizzled), both warpgroups
+//   dQ_partial = dS K             wgmma, A = dS (smem, MN-major), B = K (MN-major)
+//   dQ_partial -> the f32 accumulator (dq.cuh)
+// dK and dV stay in registers over the whole walk; epilogue.cuh writes them.
+//
+// NOTES:
+// - dS^T is double-buffered in shared memory: the one named barrier per query
+//   tile (both warpgroups have written their half) also proves that both have
+//   finished the dQ wgmma of the tile before, which read the other buffer.
+// - The loop body stays in consume(): wrapped in a function (or a lambda) of
+//   its own, the compiler rematerialized the descriptors' shared-memory base
+//   inside the loop and the machine code changed. The steps it calls are
+//   functions, each checked to leave the SASS identical; cut differently (the
+//   mask bounds and zeroing in one function, or the whole P^T / dS^T block in
+//   one), the PTX's registers came out in another order.
 #pragma once
 
-#include "attention/mask.h"
-#include "core/layout.h"
-#include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/bwd/workspace.h"
-#include "cuda/common/flags.h"
 #include "cuda/common/mma.h"
+#include "cuda/common/named_barrier.h"
 #include "cuda/sm90/bwd/dq.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/scheduler.cuh"
@@ -21,7 +40,8 @@ namespace flashattn::cuda::sm90 {
 
 // A consumer's shared-memory operands, built once per kernel: the buffers'
 // addresses and one wgmma descriptor per buffer and role, moved by byte
-// offsets per k-step (desc_kv_rows, ...).
+// offsets per k-step (desc_kv_rows, ...) instead of rebuilt from the address
+// (see the forward kernel's NOTES).
 struct ConsumerOperands {
   uint32_t ds_base, p_base, lse_base, d_base;
   uint64_t k_rows, v_rows, q_rows, do_rows, q_mn, do_mn, ds_mn, k_mn, p_t_rows, ds_t_rows;
@@ -38,8 +58,6 @@ struct ConsumerOperands {
     p_base = smem_addr(smem + K::kPOff);
     lse_base = smem_addr(sm.lse);
     d_base = smem_addr(sm.d);
-    // Operand descriptors: one per buffer and role, built once, then moved by
-    // byte offsets (desc_kv_rows, ...).
     // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
     k_rows = make_smem_desc_sw128(k_base + th.key_off * 128, 16, 1024);
     v_rows = make_smem_desc_sw128(v_base + th.key_off * 128, 16, 1024);
@@ -186,7 +204,6 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   ConsumerThread th;
   th.place<K>(cw);
-
   ConsumerOperands op;
   op.build<K>(sm, th);
   const float scale_log2 = ws.scale_log2;
@@ -208,8 +225,8 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     float st[kSN / 2], dpt[kSN / 2];
     issue_s_dp<K, T>(st, dpt, op.k_rows, op.v_rows, op.q_rows, op.do_rows, s);
 
-    // Element e of accumulator tile i: key th.key_r + 8*(e>>1), query
-    // q0 + th.q_col + 8i + 2*th.quad + (e&1). P = 0 where masked (see NOTES).
+    // Element e of accumulator tile i: key key_r + 8*(e>>1), query
+    // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (softmax.cuh's NOTES).
     const bool full_tile = cta.mask.tile_fully_visible(q0, q0 + kBlockM, cta.w.k0, cta.w.k0 + kBlockN);
     const uint32_t row_off = 4u * (s * kBlockM + th.q_col + 2 * th.quad);
     uint32_t pa[kSN / 16][4], da[kSN / 16][4];

@@ -39,13 +39,11 @@ __device__ __forceinline__ void load_key_tile(const CUtensorMap* tma_k, const CU
   }
 }
 
-// Q and dO of the query tile at tensor row row_q (head h, batch bq) into the
-// ring stage of iteration it.
+// Q and dO of the query tile at tensor row row_q (head h, batch bq) into stage s.
 template <class K>
 __device__ __forceinline__ void load_query_tile(const CUtensorMap* tma_q, const CUtensorMap* tma_do,
-                                                const BwdSmem<K>& sm, int it, int row_q, int h, int bq) {
+                                                const BwdSmem<K>& sm, int s, int row_q, int h, int bq) {
   uint8_t* const smem = smem_raw + smem_align_pad();
-  const int s = it % K::kStages;
   mbar_arrive_expect_tx(&sm.full[s], 2 * K::kQBytes);
 #pragma unroll
   for (int c = 0; c < K::kColBlocks; ++c) {
@@ -77,8 +75,12 @@ __device__ __forceinline__ void load_row_stats(const AttentionParams& p, const b
   }
 }
 
-// The producer warp's walk: K, V once, then every query tile of the walk into
-// the ring (stage it % kStages, once the consumers have released it).
+// The producer warp's walk (warp 0 of warpgroup 0; the other warps return):
+// K, V once, then every query tile of the walk into the ring (stage
+// it % kStages, once the consumers have released it).
+// NOTES: the warp test is made here, not by the caller: there, lane's only
+// use would have been this call, and the compiler moved its computation past
+// the test (different SASS at d 256).
 template <class K>
 __device__ __forceinline__ void produce(const CUtensorMap* tma_q, const CUtensorMap* tma_do,
                                         const CUtensorMap* tma_k, const CUtensorMap* tma_v,
@@ -97,7 +99,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tma_q, const CUtensor
     const int h = cta.head(it);
     const int q0 = cta.w.query_tile(it) * K::kBlockM;
     mbar_wait(&sm.empty[s], ph ^ 1);
-    if (lane == 0) load_query_tile<K>(tma_q, tma_do, sm, it, row_q0 + q0, h, bq);
+    if (lane == 0) load_query_tile<K>(tma_q, tma_do, sm, s, row_q0 + q0, h, bq);
     load_row_stats<K>(p, ws, cta, sm, s, q0, h, lane);
     mbar_arrive(&sm.full[s]);  // release: the stores above are visible to the waiters
   }

@@ -1,5 +1,11 @@
 // The Hopper backward's scheduler: one CTA per key tile of one kv head of one
 // sequence; which query tiles (of which query heads) it walks, in which order.
+//
+// NOTES: key tiles start their walk over the query tiles at different tiles
+// (KeyTileWork::m_rot = n_tile % n_m): the CTAs running side by side are
+// mostly neighbouring key tiles of one head, and in the same order they would
+// add into the same dQ rows at the same time. Not in deterministic mode, whose
+// adds go in key-tile order anyway.
 #pragma once
 
 #include "attention/mask.h"
@@ -10,7 +16,7 @@ namespace flashattn::cuda::sm90 {
 
 // Query tiles [m_begin, m_begin + n_m) see key tile n (rows k0 .. k0 + kv_rows);
 // iteration it takes query head it / n_m of the group and the query tiles in
-// the order m_begin + (it + m_rot) % n_m (see NOTES on the rotation).
+// the order m_begin + (it + m_rot) % n_m (see NOTES).
 struct KeyTileWork {
   int k0, kv_rows, m_begin, n_m, iters;  // iters = n_m * query heads of the group
   int m_rot;
@@ -50,6 +56,9 @@ struct BwdCta {
 // This CTA's work; false if its key tile lies past the sequence (the whole
 // CTA returns then, before any barrier). Deterministic mode dispatches the
 // highest key tile first (see dq.cuh's NOTES).
+// NOTES: filled in place, field by field, in the order the fields are known:
+// built as one aggregate after the exit test, it moved the read of
+// blockIdx.y there (different SASS).
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ bool bwd_cta(const AttentionParams& p, BwdCta& c) {
   c.n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;

@@ -42,12 +42,6 @@ __device__ __forceinline__ void exp_scores(float (&st)[K::kSN / 2], uint32_t lse
 }
 
 // Boundary tile: key j sees queries [query_begin(j), query_end(j + 1)) of the
-// sequence (none if j is past it). Per key row r of this thread, query column
-// c of the tile is visible iff c - lo_r (unsigned) < n_r.
-// NOTES: a separate pass with two bounds per row, not visible() per element
-// inside the exp loop: that made the d 64 kernel's loop body large enough to
-// stall on instruction fetch (ncu: no_instruction was the top stall reason).
-// Boundary tile: key j sees queries [query_begin(j), query_end(j + 1)) of the
 // sequence (none if j is past it). Per key row r of this thread (key_r + 8r),
 // query column c of its span is visible iff c - rel_lo[r] (unsigned) < count[r].
 // NOTES: a separate pass with two bounds per row, not visible() per element
