@@ -1,99 +1,61 @@
-// The Hopper backward kernel (FlashAttention-3's structure, our implementation).
-//   traits.h       tile shape, shared-memory layout, barriers (tuning.h)
+// The Hopper backward kernel (FlashAttention-3's structure, our implementation),
+// assembled from its parts:
+//   traits.h       tile shape, shared-memory layout and views, barriers (tuning.h)
 //   scheduler.cuh  key tile -> the query tiles it walks, and their order
-//   kernel.cuh     the producer warpgroup and the consumers (below)
+//   producer.cuh   warpgroup 0, warp 0: K, V once; Q, dO, lse, D per query tile
+//   mainloop.cuh   warpgroups 1, 2: S^T, dP^T, dV, dK, dQ products per query tile
+//   softmax.cuh    P^T, the mask, dS^T, their fragments and shared-memory tiles
+//   dq.cuh         dQ into the f32 accumulator (warpgroup 0, warp 1: TMA reduce-adds)
+//   epilogue.cuh   dK (scaled), dV out
 //   launch.cuh     tensor maps and the launch (host)
-// NOTES: the producer and consumers stay one function here: split into
-// role structs (as the forward is), the same code measured 0.96-1.01 of this
-// one at d 64 / 128 (mean 0.98, A/B in one process) with an 8-byte spill at
-// d 64; docs/performance.md.
 //
 // One CTA per key tile: kBlockN = 128 keys (64 in split-d mode, d 256: see
-// BwdTraits) of one kv head of one sequence. It
-// walks the query tiles that can see the tile (MaskPolicy::query_begin/_end),
-// for every query head of the kv head's group, and keeps dK and dV in registers
-// throughout. Warpgroup 0 is the producer: its first warp loads K and V once
-// (TMA), then per query tile Q and dO (TMA) and the tile's lse (log2 domain)
-// and D rows (plain loads by the warp's 32 lanes, published by their mbarrier
-// arrivals) into a kStages ring. Warpgroups 1 and 2 are consumers, 64 keys
-// each, with keys as wgmma's M dimension:
-//   S^T  = K Q^T                  wgmma, A = K (smem, K-major), B = Q (K-major)
-//   dP^T = V dO^T                 wgmma, A = V, B = dO
+// BwdTraits) of one kv head of one sequence. It walks the query tiles that can
+// see the tile (MaskPolicy::query_begin/_end), for every query head of the kv
+// head's group, and keeps dK and dV in registers throughout:
+//   S^T  = K Q^T,  dP^T = V dO^T
 //   P^T  = exp2(S^T * scale*log2e - lse*log2e)    (0 where masked)
 //   dS^T = P^T * (dP^T - D)
-//   dV  += P^T dO                 wgmma, A = P^T (registers), B = dO (MN-major)
-//   dK  += dS^T Q                 wgmma, A = dS^T (registers), B = Q (MN-major)
-//   dS^T -> shared memory ([key][query], 128B-swizzled), both warpgroups
-//   dQ_partial = dS K             wgmma, A = dS (smem, MN-major), B = K (MN-major)
-//   dQ_partial -> shared memory, added into the f32 dQ accumulator by TMA
-//                 reduce-adds issued by the producer warpgroup's second warp
-//                 (kDqTma); split-d (d 256): transposed through shared memory
-//                 by each warp, then red.global.add.v4.f32 along dQ rows.
+//   dV  += P^T dO,  dK += dS^T Q,  dQ += dS K (f32 accumulator)
 // The shared pre-pass (cuda/bwd/passes.cu) computed D = rowsum(dO * O) and
 // zeroed the accumulator; the post-pass scales it into dq. dK is scaled here.
 //
-// NOTES:
-// - The scale is applied to dK (epilogue) and dQ (post-pass), not folded into
-//   dS (fp16 subnormals: see the sm80 kernel's NOTES).
-// - Masking: a (query tile, key tile) pair that MaskPolicy::tile_fully_visible
-//   clears tests nothing; others zero P outside each key's visible query range
-//   [query_begin(j), query_end(j + 1)) (the MaskPolicy's, so the same pairs as
-//   visible(i, j)) clipped to the sequence, which also zeroes P for query rows
-//   past the sequence (TMA fills them with the next sequence's rows in varlen
-//   batches) and for keys past it.
-// - Rows whose lse is -inf see no key: the producer stores +inf as their
-//   log2-domain lse, so P = exp2(x - inf) = 0 and no NaN appears.
-// - Key tiles start their walk over the query tiles at different tiles
-//   (KeyTileWork::m_rot = n_tile % n_m): the CTAs running side by side are
-//   mostly neighbouring key tiles of one head, and in the same order they
-//   would add into the same dQ rows at the same time. Not in deterministic
-//   mode, whose adds go in key-tile order anyway.
-// - Deterministic mode: the reducer warp (split-d: the consumers, between two
-//   barriers of their 256 threads) adds key tile n's dQ share of query tile m
-//   only after key tile n+1 (if it sees m) has published its own (a counter
-//   per (sequence, query head, query tile), release/acquire, as the sm80
-//   kernel orders its atomics); the highest key tile is dispatched first so
-//   that the chain cannot deadlock. Varlen batches
-//   fall back to sm80 there: a tile's zero rows past its sequence are added
-//   into the next sequence's rows in no fixed order (the sign of a zero could
-//   change between runs).
-// - compute-sanitizer: memcheck is clean; racecheck reports the producer's
-//   lse/D stores against the consumers' loads, which mbarrier arrivals and
-//   waits order (racecheck does not model mbarriers: false positives).
-// - dS^T is double-buffered in shared memory: the one named barrier per query
-//   tile (both warpgroups have written their half) also proves that both have
-//   finished the dQ wgmma of the tile before, which read the other buffer.
-// - dQ without TMA (d 256): the L2 counts requests, not bytes. A thread's
-//   accumulator fragment holds 2 adjacent columns per 8, so red.v2 from the
-//   fragment makes one 1-sector L2 request per instruction and lane; ncu on
-//   the d 256 kernel showed L2 at 82-87% of peak, 66% of it tag lookups, and
-//   30% of warp stalls on the reds. Rows made contiguous first (8 lanes x 16
-//   bytes = one 128-byte row segment) cut requests 4x: +12..32% backward
-//   TFLOP/s (docs/performance.md).
+// NOTES: the parts are force-inlined functions that take what they use as
+// arguments (or fill a small struct in place) and keep no state between
+// calls: the kernel compiles to the same SASS as the one-function kernel it
+// was cut from, for every instantiation (cuobjdump -sass, sm_90a). Role
+// structs with member state (as the forward's) measured 0.96-1.01 of it at
+// d 64 / 128 (mean 0.98, A/B in one process) with an 8-byte spill at d 64;
+// docs/performance.md.
+// Where a cut changed the machine code, the reason is noted beside it.
 #pragma once
 
 #include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
-#include <cmath>
-
-#include "attention/mask.h"
-#include "core/layout.h"
-#include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/bwd/workspace.h"
-#include "cuda/common/flags.h"
-#include "cuda/common/mma.h"
 #include "cuda/sm90/arch.h"
+#include "cuda/sm90/bwd/dq.cuh"
+#include "cuda/sm90/bwd/mainloop.cuh"
+#include "cuda/sm90/bwd/producer.cuh"
 #include "cuda/sm90/bwd/scheduler.cuh"
 #include "cuda/sm90/bwd/traits.h"
-#include "cuda/sm90/memory.h"
 #include "cuda/sm90/sync.h"
-#include "cuda/sm90/tma.h"
-#include "cuda/sm90/wgmma.h"
 
 namespace flashattn::cuda::sm90 {
+
+// full_kv: one arrival (with the K, V bytes); full[s]: kFullArrivals (with the
+// Q, dO bytes); empty[s]: one per consumer warp.
+template <class K>
+__device__ __forceinline__ void init_barriers(const BwdSmem<K>& sm) {
+  constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+  mbar_init(sm.full_kv, 1);
+  for (int s = 0; s < K::kStages; ++s) {
+    mbar_init(&sm.full[s], K::kFullArrivals);
+    mbar_init(&sm.empty[s], kConsumerWarps);
+  }
+  mbar_fence_init();
+}
 
 template <int D, typename T>
 __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
@@ -105,493 +67,29 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
                     const __grid_constant__ AttentionParams p, const bwd::Workspace ws) {
 #if FLASHATTN_SM90_DEVICE
   using K = BwdTraits<D, T>;
-  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-  // Deterministic mode dispatches the highest key tile first (see NOTES).
-  const int n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const SequenceInfo seq = sequence_info(p, b);
-  if (n_tile * kBlockN >= seq.seqlen_k) return;  // whole CTA: before any barrier
-  const MaskPolicy mask = mask_for(p, seq);
-  const KeyTileWork w = key_tile_work<kBlockM, kBlockN>(p, mask, n_tile);
-  const int group = p.group_size();
-  const bool varlen = p.is_varlen();
+  BwdCta cta;
+  if (!bwd_cta<K::kBlockM, K::kBlockN>(p, cta)) return;  // whole CTA: before any barrier
 
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  float* s_lse = reinterpret_cast<float*>(smem + K::kLseOff);
-  float* s_d = reinterpret_cast<float*>(smem + K::kDOff);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
-  uint64_t* full_kv = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = full + kStages;
-  constexpr uint32_t kConsumerWarps = 4 * K::kConsumers;
+  const BwdSmem<K> sm;
 
   const int wg = warpgroup_index();
-  if (threadIdx.x == 0) {
-    mbar_init(full_kv, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], K::kFullArrivals);
-      mbar_init(&empty[s], kConsumerWarps);
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) init_barriers<K>(sm);
   __syncthreads();
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer
+    // Warp 0 produces the ring; with TMA dQ adds, warp 1 is the dQ reducer.
     setmaxnreg_dec<K::Tune::kProducerRegs>();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int bq = varlen ? 0 : b;
-    const int row_q0 = varlen ? static_cast<int>(seq.row_q) : 0;
-    if (K::kDqTma && warp == 1 && w.iters > 0) {
-      // dQ reducer: adds each finished dQ tile into the f32 accumulator with
-      // one TMA reduce per 32-column box (rows past the tensor are skipped;
-      // rows past a varlen sequence hold zeros: dS = 0 there).
-      for (int it = 0; it < w.iters; ++it) {
-        const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
-        const int h = hk * group + it / w.n_m;
-        const int m = w.query_tile(it), q0 = m * kBlockM;
-        int* sem = p.deterministic ? ws.dq_semaphore(p, b, h, m) : nullptr;
-        if (sem != nullptr && lane == 0) {
-          // Key tile n+1, if it sees query tile m, adds its share first.
-          wait_dq_turn(sem, mask, m, n_tile, kBlockM, kBlockN, seq.seqlen_k);
-          fence_proxy_async_global();  // its adds (seen by the acquire) before ours
-        }
-        named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
-        if (lane == 0) {
-#pragma unroll
-          for (int c = 0; c < D / 32; ++c)
-            tma_reduce_add_4d(&tma_dq, smem + K::kDqOff + qb * K::kDqBytes + c * kBlockM * 128,
-                              c * 32, row_q0 + q0, h, bq);
-          bulk_commit();
-          if (sem != nullptr) {
-            bulk_wait<0>();  // the adds are performed, then published
-            fence_proxy_async_global();
-            publish_dq_turn(sem, n_tile);
-          } else {
-            bulk_wait_read<0>();
-          }
-        }
-        __syncwarp();
-        // The consumers wait for this buffer only if they will fill it again.
-        if (it + K::kDqBufs < w.iters) named_arrive(K::kDqFree0 + qb, K::kDqBarThreads);
-      }
-      if (lane == 0) bulk_wait<0>();
+    const int bq = cta.varlen ? 0 : cta.b;
+    const int row_q0 = cta.varlen ? static_cast<int>(cta.seq.row_q) : 0;
+    if (K::kDqTma && warp == 1 && cta.w.iters > 0) {
+      reduce_dq<K>(&tma_dq, p, ws, cta, lane, bq, row_q0);
       return;
     }
-    if (warp != 0 || w.iters == 0) return;
-    const int row_k = (varlen ? static_cast<int>(seq.row_k) : 0) + w.k0;
-    if (lane == 0) {
-      tma_prefetch_map(&tma_q);
-      tma_prefetch_map(&tma_do);
-      mbar_arrive_expect_tx(full_kv, 2 * K::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < K::kColBlocks; ++c) {
-        tma_load_4d(smem + K::kKOff + c * kBlockN * 128, &tma_k, full_kv, c * 64, row_k, hk, bq);
-        tma_load_4d(smem + K::kVOff + c * kBlockN * 128, &tma_v, full_kv, c * 64, row_k, hk, bq);
-      }
-    }
-    for (int it = 0; it < w.iters; ++it) {
-      const int s = it % kStages;
-      const uint32_t ph = (it / kStages) & 1;
-      const int h = hk * group + it / w.n_m;
-      const int q0 = w.query_tile(it) * kBlockM;
-      mbar_wait(&empty[s], ph ^ 1);
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&full[s], 2 * K::kQBytes);
-#pragma unroll
-        for (int c = 0; c < K::kColBlocks; ++c) {
-          tma_load_4d(smem + K::kQOff + s * K::kQBytes + c * kBlockM * 128, &tma_q, &full[s], c * 64,
-                      row_q0 + q0, h, bq);
-          tma_load_4d(smem + K::kDoOff + s * K::kQBytes + c * kBlockM * 128, &tma_do, &full[s],
-                      c * 64, row_q0 + q0, h, bq);
-        }
-      }
-      // lse in the log2 domain (+inf for rows that see no key and rows past the
-      // sequence: P = 0 there) and D of the tile's rows.
-#pragma unroll
-      for (int r = lane; r < kBlockM; r += 32) {
-        const int i = q0 + r;
-        float lse2 = INFINITY, dd = 0.0f;
-        if (i < seq.seqlen_q) {
-          const float lse = p.lse[lse_offset(p, b, seq.row_q, i, h)];
-          lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          dd = ws.row_d[static_cast<int64_t>(h) * p.total_q + seq.row_q + i];
-        }
-        s_lse[s * kBlockM + r] = lse2;
-        s_d[s * kBlockM + r] = dd;
-      }
-      mbar_arrive(&full[s]);  // release: the stores above are visible to the waiters
-    }
+    produce<K>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, sm, warp, lane, bq, row_q0);
   } else {
-    // ------------------------------------------------------------ consumers
     setmaxnreg_inc<K::Tune::kConsumerRegs>();
-    const int cw = wg - 1;  // keys cw*64 .. cw*64+63 of the tile
-    const int tid = threadIdx.x % 128;
-    const int warp = tid / 32, lane = tid % 32;
-    const int quad = lane % 4;
-
-    const uint32_t k_base = smem_addr(smem + K::kKOff);
-    const uint32_t v_base = smem_addr(smem + K::kVOff);
-    const uint32_t q_base = smem_addr(smem + K::kQOff);
-    const uint32_t do_base = smem_addr(smem + K::kDoOff);
-    const uint32_t ds_base = smem_addr(smem + K::kDsOff);
-    const uint32_t p_base = smem_addr(smem + K::kPOff);
-    const int key_off = K::kSplitD ? 0 : cw * 64;  // this consumer's first key of the tile
-    const int q_col = K::kSplitD ? cw * K::kSN : 0;  // this consumer's first query of S^T
-    const uint32_t lse_base = smem_addr(s_lse), d_base = smem_addr(s_d);
-    // Operand descriptors: one per buffer and role, built once, then moved by
-    // byte offsets (desc_advance: one add per wgmma operand instead of
-    // rebuilding it from the address; see the forward kernel's NOTES).
-    // S^T / dP^T: A = this warpgroup's 64 keys of K / V (K-major over d).
-    const uint64_t k_rows = make_smem_desc_sw128(k_base + key_off * 128, 16, 1024);
-    const uint64_t v_rows = make_smem_desc_sw128(v_base + key_off * 128, 16, 1024);
-    auto desc_kv_rows = [&](uint64_t rows, int kk) {
-      return desc_advance(rows, (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
-    };
-    // B = this consumer's queries of the Q / dO tile as N (K-major over d).
-    const uint64_t q_rows = make_smem_desc_sw128(q_base + q_col * 128, 16, 1024);
-    const uint64_t do_rows = make_smem_desc_sw128(do_base + q_col * 128, 16, 1024);
-    auto desc_qdo_rows = [&](uint64_t rows, int s, int kk) {
-      return desc_advance(desc_advance(rows, s * K::kQBytes), (kk / 4) * kBlockM * 128 + (kk % 4) * 32);
-    };
-    // dV / dK: B = dO / Q with queries as K, d as N (MN-major; this
-    // consumer's kDvN columns), k-step kt.
-    const uint32_t dv_col_off = K::kSplitD ? cw * (K::kDvN / 64) * kBlockM * 128 : 0;
-    const uint64_t q_mn = make_smem_desc_sw128(q_base + dv_col_off, kBlockM * 128, 1024);
-    const uint64_t do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
-    auto desc_qdo_mn = [&](uint64_t mn, int s, int kt) {
-      return desc_advance(desc_advance(mn, s * K::kQBytes), kt * 16 * 128);
-    };
-    // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
-    // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
-    const uint32_t dq_a_off = K::kDqSplitM ? cw * kBlockN * 128 : 0;
-    const uint32_t dq_b_off = K::kDqSplitM ? 0 : cw * (K::kDqN / 64) * kBlockN * 128;
-    const uint64_t ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
-    const uint64_t k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
-    auto desc_ds = [&](int buf, int kt) {
-      return desc_advance(desc_advance(ds_mn, buf * K::kDsBytes), kt * 16 * 128);
-    };
-    auto desc_k_mn = [&](int kt) { return desc_advance(k_mn, kt * 16 * 128); };
-    // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
-    const uint64_t p_t_rows = make_smem_desc_sw128(p_base, 16, 1024);
-    const uint64_t ds_t_rows = make_smem_desc_sw128(ds_base, 16, 1024);
-    auto desc_t_rows = [&](uint64_t rows, int buf, int kt) {
-      return desc_advance(desc_advance(rows, buf * K::kDsBytes), kt * 32);
-    };
-
-    const float scale_log2 = ws.scale_log2;
-    // This thread's keys (accumulator rows): key_r and key_r + 8 of the tile.
-    const int key_r = key_off + warp * 16 + lane / 4;
-
-    float dk[K::kDvN / 2], dv[K::kDvN / 2];
-#pragma unroll
-    for (int i = 0; i < K::kDvN / 2; ++i) dk[i] = dv[i] = 0.0f;
-
-    if (w.iters > 0) mbar_wait(full_kv, 0);
-    for (int it = 0; it < w.iters; ++it) {
-      const int s = it % kStages;
-      const uint32_t ph = (it / kStages) & 1;
-      const int buf = it & 1;
-      const int h = hk * group + it / w.n_m;
-      const int q0 = w.query_tile(it) * kBlockM;
-      mbar_wait(&full[s], ph);
-
-      // S^T = K Q^T and dP^T = V dO^T (64 keys x kSN queries each), two
-      // commit groups so that P can be computed while dP^T is still running.
-      constexpr int kSN = K::kSN;
-      float st[kSN / 2], dpt[kSN / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kSN, T>::run(st, desc_kv_rows(k_rows, kk), desc_qdo_rows(q_rows, s, kk), kk > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<kSN, T>::run(dpt, desc_kv_rows(v_rows, kk), desc_qdo_rows(do_rows, s, kk), kk > 0);
-      wgmma_commit();
-
-      // Element e of accumulator tile i: key key_r + 8*(e>>1), query
-      // q0 + q_col + 8i + 2*quad + (e&1). P = 0 where masked (see NOTES).
-      const bool full_tile = mask.tile_fully_visible(q0, q0 + kBlockM, w.k0, w.k0 + kBlockN);
-      const uint32_t row_off = 4u * (s * kBlockM + q_col + 2 * quad);
-      auto lse_of = [&](int i) { return ld_shared_v2(lse_base + row_off + 32u * i); };
-      auto d_of = [&](int i) { return ld_shared_v2(d_base + row_off + 32u * i); };
-      // 16-bit A fragments: two accumulator n8 tiles make one k16 fragment.
-      uint32_t pa[kSN / 16][4], da[kSN / 16][4];
-      auto to_frags = [&](const float (&acc)[kSN / 2], uint32_t (&f)[kSN / 16][4]) {
-#pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) f[kt][j] = pack2<T>(acc[8 * kt + 2 * j], acc[8 * kt + 2 * j + 1]);
-      };
-      // dV += P^T dO and dK += dS^T Q (issue only; the fragments stay untouched).
-      auto issue_dv = [&]() {
-        fence_operands(dv);
-        fence_operands(pa);
-        wgmma_fence();
-#pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
-        wgmma_commit();
-      };
-      auto issue_dk = [&]() {
-        fence_operands(dk);
-        fence_operands(da);
-        wgmma_fence();
-#pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
-        wgmma_commit();
-      };
-
-      // P^T (st) while dP^T runs; with kEarlyDv, dV's wgmmas then run while
-      // dS^T is computed.
-      if constexpr (K::Tune::kOverlapP) {
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_operands(st);
-#pragma unroll
-      for (int i = 0; i < kSN / 8; ++i) {
-        const float2 lse2 = lse_of(i);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
-        }
-      }
-      if (!full_tile) {
-        // Boundary tile: key j sees queries [query_begin(j), query_end(j + 1))
-        // of the sequence (none if j is past it). Per key row r of this thread,
-        // query column c of the tile is visible iff c - lo_r (unsigned) < n_r.
-        // NOTES: a separate pass with two bounds per row, not visible() per
-        // element inside the exp loop: that made the d 64 kernel's loop body
-        // large enough to stall on instruction fetch (ncu: no_instruction was
-        // the top stall reason).
-        int rel_lo[2], count[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int kj = w.k0 + key_r + 8 * r;
-          const int lo = mask.query_begin(kj);
-          const int hi = kj < seq.seqlen_k ? min(mask.query_end(kj + 1), seq.seqlen_q) : lo;
-          rel_lo[r] = lo - q0 - q_col - 2 * quad;
-          count[r] = max(hi - lo, 0);
-        }
-#pragma unroll
-        for (int i = 0; i < kSN / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1;
-            const bool vis = static_cast<unsigned>(8 * i + (e & 1) - rel_lo[r]) < static_cast<unsigned>(count[r]);
-            st[4 * i + e] = vis ? st[4 * i + e] : 0.0f;
-          }
-      }
-      // dS^T (or P^T) -> shared memory [key][query], 128B-swizzled (chunk ^=
-      // row % 8): fragment f[kt][j] is accumulator tile i = 2kt + (j >> 1), key
-      // row key_r + 8 * (j & 1), queries q_col + 8i + 2*quad, +1.
-      auto store_t = [&](uint32_t base, const uint32_t (&f)[kSN / 16][4]) {
-        const uint32_t rowb = base + buf * K::kDsBytes + key_r * 128 + quad * 4;
-        const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
-#pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int i = q_col / 8 + 2 * kt + (j >> 1);
-            st_shared_b32(rowb + (i / 8) * (kBlockN * 128) + (j & 1) * 1024 + ((i % 8) ^ swz) * 16, f[kt][j]);
-          }
-        }
-      };
-      if constexpr (K::kSplitD) {
-        to_frags(st, pa);
-        store_t(p_base, pa);
-        wgmma_wait<0>();
-      } else if constexpr (K::Tune::kEarlyDv) {
-        to_frags(st, pa);
-        issue_dv();
-        wgmma_wait<1>();  // dP^T done (dV may still run)
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_operands(dpt);
-#pragma unroll
-      for (int i = 0; i < kSN / 8; ++i) {
-        const float2 dd = d_of(i);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
-      }
-      if constexpr (K::kSplitD) {
-        to_frags(dpt, da);
-      } else if constexpr (K::Tune::kEarlyDv) {
-        to_frags(dpt, da);
-        issue_dk();
-      } else {
-        // One group for both (two groups made ptxas serialize the wgmmas at d 64).
-        to_frags(st, pa);
-        to_frags(dpt, da);
-        fence_operands(dv);
-        fence_operands(dk);
-        fence_operands(pa);
-        fence_operands(da);
-        wgmma_fence();
-#pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dv, pa[kt], desc_qdo_mn(do_mn, s, kt), 1);
-#pragma unroll
-        for (int kt = 0; kt < kSN / 16; ++kt) WgmmaRS<K::kDvN, T>::run(dk, da[kt], desc_qdo_mn(q_mn, s, kt), 1);
-        wgmma_commit();
-      }
-
-      store_t(ds_base, da);
-      fence_proxy_async_smem();
-      named_sync(K::kDsBarrier, 128 * K::kConsumers);
-
-      // dQ partial = dS K (this warpgroup's half), then into the accumulator;
-      // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
-      float dq[K::kDqN / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds(buf, kt), desc_k_mn(kt), kt > 0);
-      wgmma_commit();
-      if constexpr (K::kSplitD) {
-#pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt)
-          WgmmaSST<K::kDvN, T>::run(dv, desc_t_rows(p_t_rows, buf, kt), desc_qdo_mn(do_mn, s, kt), 1);
-#pragma unroll
-        for (int kt = 0; kt < kBlockM / 16; ++kt)
-          WgmmaSST<K::kDvN, T>::run(dk, desc_t_rows(ds_t_rows, buf, kt), desc_qdo_mn(q_mn, s, kt), 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // dQ done; dV, dK run on under its write-out
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_operands(dq);
-      fence_operands(pa);
-      fence_operands(da);
-      // Q, dO, lse, D of stage s are no longer read (split-d: once dV, dK are done).
-      auto release_stage = [&]() {
-        fence_operands(dv);
-        fence_operands(dk);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-      };
-      if constexpr (!K::kSplitD) release_stage();
-
-      const int dq_row0 = (K::kDqSplitM ? cw * 64 : 0) + warp * 16 + lane / 4;
-      const int dq_col0 = (K::kDqSplitM ? 0 : cw * K::kDqN) + 2 * quad;
-      if constexpr (K::kDqTma) {
-        // Into dQ buffer qb (box c/32: rows x 128 bytes, 16-byte chunk index
-        // ^= row % 8: the 8 rows of a store land in distinct banks), then the
-        // reducer warp adds it into the accumulator.
-        const int qb = it % K::kDqBufs;
-        if (it >= K::kDqBufs) named_sync(K::kDqFree0 + qb, K::kDqBarThreads);
-        // Column col = col_base + 8i + 2*quad (col_base = 0 or cw * kDqN): box
-        // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
-        // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
-        const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
-                              ((K::kDqSplitM ? 0 : cw * (K::kDqN / 32)) * kBlockM + dq_row0) * 128 + (quad % 2) * 8;
-        const uint32_t swz = opaque(lane / 4);  // row % 8 of both rows stored
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-#pragma unroll
-          for (int i = 0; i < K::kDqN / 8; ++i) {
-            const uint32_t box = i / 4;
-            const uint32_t chunk = (2 * (i % 4) + quad / 2) ^ swz;
-            st_shared_v2(rowb + box * (kBlockM * 128) + r * 1024 + chunk * 16, dq[4 * i + 2 * r],
-                         dq[4 * i + 2 * r + 1]);
-          }
-        }
-        fence_proxy_async_smem();
-        named_arrive(K::kDqFull0 + qb, K::kDqBarThreads);
-      } else if constexpr (K::kSplitD) {
-        // Row-contiguous reduce-adds: 8 lanes cover 128 bytes of one dQ row, so
-        // each red.v4 instruction is 4 L2 requests of 4 sectors. The accumulator
-        // fragment gives a row's 32-column span to only 4 lanes (red.v2: 8
-        // requests of 1 sector), and that request rate, not the bytes, was what
-        // saturated the L2 crossbar (NOTES). Each warp transposes its 16 rows x
-        // 32 columns (2 KB) at a time through shared memory: the bytes its own
-        // store_t wrote into the P^T / dS^T buffers [buf ^ 1] (its 16 key rows,
-        // this warpgroup's 4 chunks of each). Their last readers, tile it - 1's
-        // wgmmas of both warpgroups, finished before either reached this tile's
-        // kDsBarrier; their next writer is this warp's store_t of tile it + 1.
-        // Scratch row r, unit u (16 bytes): P^T key row warp*16 + r for u < 4,
-        // dS^T key row warp*16 + (r ^ 4) for u >= 4, chunk u % 4 of this
-        // warpgroup's: the 8 units a quarter-warp loads then sit in 8 distinct
-        // bank groups (k % 8 differs in bit 2), and the 8 rows a store covers too.
-        auto scratch = [&](int row, int unit) {
-          const bool ds_half = unit >= 4;
-          const int k = warp * 16 + (ds_half ? row ^ 4 : row);
-          const uint32_t base = (ds_half ? ds_base : p_base) + (buf ^ 1) * K::kDsBytes;
-          return base + k * 128 + (((cw * 4 + unit % 4) ^ (k & 7)) << 4);
-        };
-        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0 + warp * 16) * D +
-                         cw * K::kDqN;
-        const int rows_left = seq.seqlen_q - q0 - warp * 16;
-        // Deterministic mode: key tile n+1, if it sees query tile m, has added
-        // its share first (acquired by one thread, passed on by the barrier);
-        // ours is published after every thread's adds are performed.
-        int* const sem = p.deterministic ? ws.dq_semaphore(p, b, h, q0 / kBlockM) : nullptr;
-        if (sem != nullptr) {
-          if (cw == 0 && tid == 0) wait_dq_turn(sem, mask, q0 / kBlockM, n_tile, kBlockM, kBlockN, seq.seqlen_k);
-          named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
-        }
-#pragma unroll
-        for (int ch = 0; ch < K::kDqN / 32; ++ch) {
-          // Fragment tiles 4ch .. 4ch+3 (columns 32ch .. 32ch+31): tile t's
-          // columns 8t + 2*quad, +1 are unit 2t + quad/2, byte 8 * (quad % 2).
-#pragma unroll
-          for (int t = 0; t < 4; ++t)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              st_shared_v2(scratch(lane / 4 + 8 * r, 2 * t + quad / 2) + 8 * (quad % 2),
-                           dq[4 * (4 * ch + t) + 2 * r], dq[4 * (4 * ch + t) + 2 * r + 1]);
-          __syncwarp();
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int row = lane / 8 + 4 * j;
-            const float4 v = ld_shared_v4(scratch(row, lane % 8));
-            if (row < rows_left) red_add_v4(dq_base + row * D + 32 * ch + 4 * (lane % 8), v);
-          }
-          __syncwarp();
-        }
-        if (sem != nullptr) {
-          __threadfence();  // this thread's adds are performed before the semaphore moves
-          named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
-          if (cw == 0 && tid == 0) publish_dq_turn(sem, n_tile);
-        }
-      } else {
-        float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + seq.row_q + q0) * D;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = dq_row0 + 8 * r;
-          if (q0 + row >= seq.seqlen_q) continue;
-#pragma unroll
-          for (int i = 0; i < K::kDqN / 8; ++i)
-            red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
-        }
-      }
-      if constexpr (K::kSplitD) {
-        wgmma_wait<0>();
-        release_stage();
-      }
-    }
-
-    // ---------------------------------------------------------- epilogue
-    // dK (scaled), dV: rows of this sequence's keys only.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = w.k0 + key_r + 8 * r;
-      if (key >= seq.seqlen_k) continue;
-      T* dkrow = static_cast<T*>(p.dk) + row_offset(b, seq.row_k, key, hk, p.dk_batch_stride,
-                                                    p.dk_row_stride, p.dk_head_stride, varlen);
-      T* dvrow = static_cast<T*>(p.dv) + row_offset(b, seq.row_k, key, hk, p.dv_batch_stride,
-                                                    p.dv_row_stride, p.dv_head_stride, varlen);
-#pragma unroll
-      for (int i = 0; i < K::kDvN / 8; ++i) {
-        const int c = (K::kSplitD ? cw * K::kDvN : 0) + 8 * i + 2 * quad;
-        *reinterpret_cast<uint32_t*>(dkrow + c) =
-            pack2<T>(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dvrow + c) = pack2<T>(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
-      }
-    }
+    consume<K, T>(p, ws, cta, sm, wg - 1);
   }
 #endif
 }

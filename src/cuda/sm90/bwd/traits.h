@@ -4,6 +4,14 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#include "cuda/common/mma.h"
+#endif
+
+#if defined(__CUDACC__)
+#include "cuda/common/mma.h"
+#endif
+
 #include "cuda/sm90/bwd/tuning.h"
 
 namespace flashattn::cuda::sm90 {
@@ -75,6 +83,69 @@ struct BwdTraits {
   static_assert(kSmemBytes <= 232448, "over the 227 KB of shared memory a CTA can have");
   static_assert(128 * (Tune::kProducerRegs + kConsumers * Tune::kConsumerRegs) <= 65536,
                 "setmaxnreg budget over the register file");
+};
+
+#if defined(__CUDACC__)
+// The kernel's dynamic shared memory; its base rounded up to 1024 bytes (the
+// 128B-swizzle atom) is smem_raw + smem_align_pad().
+// NOTES: each part forms that base itself, in the function that adds tile
+// offsets to it. A base passed in as an argument, or returned by a helper,
+// had its offsets folded before the base was known: re-associated address
+// arithmetic and machine code different from the one-function kernel's.
+extern __shared__ uint8_t smem_raw[];
+__device__ __forceinline__ uint32_t smem_align_pad() { return (1024 - (smem_addr(smem_raw) & 1023)) & 1023; }
+#endif
+
+// Shared memory as the traits lay it out: from the 1024-byte aligned base, K,
+// V, the kStages ring of Q and dO, the dS^T (and split-d P^T) buffers, the dQ
+// staging buffers, the ring's lse and D rows, then the mbarriers. The parts
+// address the tiles from the base and share these pointers.
+template <class K>
+struct BwdSmem {
+  float* lse;         // [kStages][kBlockM]: log2-domain lse of the stage's query rows
+  float* d;           // [kStages][kBlockM]: D = rowsum(dO * O) of the same rows
+  uint64_t* full_kv;  // K and V of the key tile have landed
+  uint64_t* full;     // [kStages]: Q, dO (TMA bytes) and lse, D (the producer warp's arrivals)
+  uint64_t* empty;    // [kStages]: every consumer warp is done with the stage
+#if defined(__CUDACC__)
+  __device__ __forceinline__ BwdSmem() {
+    uint8_t* const smem = smem_raw + smem_align_pad();
+    lse = reinterpret_cast<float*>(smem + K::kLseOff);
+    d = reinterpret_cast<float*>(smem + K::kDOff);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + K::kBarOff);
+    full_kv = bars;
+    full = bars + 1;
+    empty = full + K::kStages;
+  }
+#endif
+};
+
+// A consumer thread's place in the tile, fixed for the kernel. Keys are the
+// M dimension of S^T, dP^T, dV and dK: element e of accumulator n8 tile i
+// belongs to key key_r + 8 * (e >> 1) and to query (S^T, dP^T) or column
+// (dV, dK) 8i + 2*quad + (e & 1) of this consumer's span.
+struct ConsumerThread {
+  int cw;       // consumer warpgroup (warpgroup cw + 1)
+  int tid;      // thread of the warpgroup
+  int warp, lane, quad;
+  int key_off;  // this consumer's first key of the tile
+  int q_col;    // this consumer's first query of S^T
+  int key_r;    // this thread's keys (accumulator rows): key_r and key_r + 8 of the tile
+#if defined(__CUDACC__)
+  // Split-d: both consumers take the tile's 64 keys and half of its queries;
+  // otherwise consumer cw takes keys cw*64 .. cw*64+63 and all queries.
+  template <class K>
+  __device__ __forceinline__ void place(int cw_) {
+    cw = cw_;
+    tid = threadIdx.x % 128;
+    warp = tid / 32;
+    lane = tid % 32;
+    quad = lane % 4;
+    key_off = K::kSplitD ? 0 : cw * 64;
+    q_col = K::kSplitD ? cw * K::kSN : 0;
+    key_r = key_off + warp * 16 + lane / 4;
+  }
+#endif
 };
 
 }  // namespace flashattn::cuda::sm90

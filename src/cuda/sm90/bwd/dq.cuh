@@ -1,0 +1,217 @@
+// The Hopper backward's dQ reduction: each consumer's dQ partial (dS K over
+// its share of the tile) is added into the f32 dQ accumulator, one of three ways:
+//   kDqTma   staged in shared memory (stage_dq), added by TMA reduce-adds
+//            issued by the producer warpgroup's second warp (reduce_dq);
+//   split-d  (d 256) transposed through shared memory by each warp, then
+//            red.global.add.v4.f32 along dQ rows (red_dq_rows);
+//   else     red.global.add.v2.f32 from the fragment (red_dq_frags).
+// The shared pre-pass (cuda/bwd/passes.cu) zeroed the accumulator; the
+// post-pass scales it into dq.
+//
+// NOTES:
+// - Deterministic mode: the reducer warp (split-d: the consumers, between two
+//   barriers of their 256 threads) adds key tile n's dQ share of query tile m
+//   only after key tile n+1 (if it sees m) has published its own (a counter
+//   per (sequence, query head, query tile), release/acquire, as the sm80
+//   kernel orders its atomics); the highest key tile is dispatched first so
+//   that the chain cannot deadlock. Varlen batches
+//   fall back to sm80 there: a tile's zero rows past its sequence are added
+//   into the next sequence's rows in no fixed order (the sign of a zero could
+//   change between runs).
+// - dQ without TMA (d 256): the L2 counts requests, not bytes. A thread's
+//   accumulator fragment holds 2 adjacent columns per 8, so red.v2 from the
+//   fragment makes one 1-sector L2 request per instruction and lane; ncu on
+//   the d 256 kernel showed L2 at 82-87% of peak, 66% of it tag lookups, and
+//   30% of warp stalls on the reds. Rows made contiguous first (8 lanes x 16
+//   bytes = one 128-byte row segment) cut requests 4x: +12..32% backward
+//   TFLOP/s (docs/performance.md).
+#pragma once
+
+#include <cuda.h>
+
+#include "core/params.h"
+#include "cuda/bwd/workspace.h"
+#include "cuda/common/flags.h"
+#include "cuda/common/named_barrier.h"
+#include "cuda/sm90/bwd/scheduler.cuh"
+#include "cuda/sm90/bwd/traits.h"
+#include "cuda/sm90/memory.h"
+#include "cuda/sm90/sync.h"
+#include "cuda/sm90/tma.h"
+
+namespace flashattn::cuda::sm90 {
+
+// The reducer warp: adds each finished dQ tile into the f32 accumulator with
+// one TMA reduce per 32-column box (rows past the tensor are skipped; rows
+// past a varlen sequence hold zeros: dS = 0 there).
+template <class K>
+__device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const AttentionParams& p,
+                                          const bwd::Workspace& ws, const BwdCta& cta, int lane, int bq,
+                                          int row_q0) {
+  uint8_t* const smem = smem_raw + smem_align_pad();
+  for (int it = 0; it < cta.w.iters; ++it) {
+    const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
+    const int h = cta.head(it);
+    const int m = cta.w.query_tile(it), q0 = m * K::kBlockM;
+    int* sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, m) : nullptr;
+    if (sem != nullptr && lane == 0) {
+      // Key tile n+1, if it sees query tile m, adds its share first.
+      wait_dq_turn(sem, cta.mask, m, cta.n_tile, K::kBlockM, K::kBlockN, cta.seq.seqlen_k);
+      fence_proxy_async_global();  // its adds (seen by the acquire) before ours
+    }
+    named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
+    if (lane == 0) {
+#pragma unroll
+      for (int c = 0; c < K::kHeadDim / 32; ++c)
+        tma_reduce_add_4d(tma_dq, smem + K::kDqOff + qb * K::kDqBytes + c * K::kBlockM * 128, c * 32,
+                          row_q0 + q0, h, bq);
+      bulk_commit();
+      if (sem != nullptr) {
+        bulk_wait<0>();  // the adds are performed, then published
+        fence_proxy_async_global();
+        publish_dq_turn(sem, cta.n_tile);
+      } else {
+        bulk_wait_read<0>();
+      }
+    }
+    __syncwarp();
+    // The consumers wait for this buffer only if they will fill it again.
+    if (it + K::kDqBufs < cta.w.iters) named_arrive(K::kDqFree0 + qb, K::kDqBarThreads);
+  }
+  if (lane == 0) bulk_wait<0>();
+}
+
+// Into dQ buffer it % kDqBufs (box c/32: rows x 128 bytes, 16-byte chunk index
+// ^= row % 8: the 8 rows of a store land in distinct banks), then the reducer
+// warp adds it into the accumulator.
+template <class K>
+__device__ __forceinline__ void stage_dq(const float (&dq)[K::kDqN / 2], const ConsumerThread& th, int it,
+                                         int dq_row0) {
+  uint8_t* const smem = smem_raw + smem_align_pad();
+  const int qb = it % K::kDqBufs;
+  if (it >= K::kDqBufs) named_sync(K::kDqFree0 + qb, K::kDqBarThreads);
+  // Column col = col_base + 8i + 2*quad (col_base = 0 or cw * kDqN): box
+  // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
+  // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
+  const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
+                        ((K::kDqSplitM ? 0 : th.cw * (K::kDqN / 32)) * K::kBlockM + dq_row0) * 128 +
+                        (th.quad % 2) * 8;
+  const uint32_t swz = opaque(th.lane / 4);  // row % 8 of both rows stored
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int i = 0; i < K::kDqN / 8; ++i) {
+      const uint32_t box = i / 4;
+      const uint32_t chunk = (2 * (i % 4) + th.quad / 2) ^ swz;
+      st_shared_v2(rowb + box * (K::kBlockM * 128) + r * 1024 + chunk * 16, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+    }
+  }
+  fence_proxy_async_smem();
+  named_arrive(K::kDqFull0 + qb, K::kDqBarThreads);
+}
+
+// Split-d scratch for the dQ transpose, scratch row `row`, 16-byte unit
+// `unit`: P^T key row warp*16 + row for unit < 4, dS^T key row warp*16 +
+// (row ^ 4) for unit >= 4, chunk unit % 4 of this warpgroup's, in buffers
+// [buf ^ 1]: the 8 units a quarter-warp loads then sit in 8 distinct bank
+// groups (k % 8 differs in bit 2), and the 8 rows a store covers too.
+template <class K>
+__device__ __forceinline__ uint32_t dq_scratch(uint32_t p_base, uint32_t ds_base, int buf, const ConsumerThread& th,
+                                               int row, int unit) {
+  const bool ds_half = unit >= 4;
+  const int k = th.warp * 16 + (ds_half ? row ^ 4 : row);
+  const uint32_t base = (ds_half ? ds_base : p_base) + (buf ^ 1) * K::kDsBytes;
+  return base + k * 128 + (((th.cw * 4 + unit % 4) ^ (k & 7)) << 4);
+}
+
+// Split-d: row-contiguous reduce-adds. 8 lanes cover 128 bytes of one dQ row,
+// so each red.v4 instruction is 4 L2 requests of 4 sectors. The accumulator
+// fragment gives a row's 32-column span to only 4 lanes (red.v2: 8 requests
+// of 1 sector), and that request rate, not the bytes, was what saturated the
+// L2 crossbar (NOTES). Each warp transposes its 16 rows x 32 columns (2 KB) at
+// a time through shared memory: the bytes its own store_transposed wrote into
+// the P^T / dS^T buffers [buf ^ 1] (its 16 key rows, this warpgroup's 4 chunks
+// of each). Their last readers, tile it - 1's wgmmas of both warpgroups,
+// finished before either reached this tile's kDsBarrier; their next writer is
+// this warp's store_transposed of tile it + 1.
+template <class K>
+__device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], const AttentionParams& p,
+                                            const bwd::Workspace& ws, const BwdCta& cta, const ConsumerThread& th,
+                                            uint32_t p_base, uint32_t ds_base, int buf, int h, int q0) {
+  constexpr int D = K::kHeadDim;
+  float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0 + th.warp * 16) * D +
+                   th.cw * K::kDqN;
+  const int rows_left = cta.seq.seqlen_q - q0 - th.warp * 16;
+  // Deterministic mode: key tile n+1, if it sees query tile m, has added
+  // its share first (acquired by one thread, passed on by the barrier);
+  // ours is published after every thread's adds are performed.
+  int* const sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, q0 / K::kBlockM) : nullptr;
+  if (sem != nullptr) {
+    if (th.cw == 0 && th.tid == 0)
+      wait_dq_turn(sem, cta.mask, q0 / K::kBlockM, cta.n_tile, K::kBlockM, K::kBlockN, cta.seq.seqlen_k);
+    named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
+  }
+#pragma unroll
+  for (int ch = 0; ch < K::kDqN / 32; ++ch) {
+    // Fragment tiles 4ch .. 4ch+3 (columns 32ch .. 32ch+31): tile t's
+    // columns 8t + 2*quad, +1 are unit 2t + quad/2, byte 8 * (quad % 2).
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        st_shared_v2(dq_scratch<K>(p_base, ds_base, buf, th, th.lane / 4 + 8 * r, 2 * t + th.quad / 2) +
+                         8 * (th.quad % 2),
+                     dq[4 * (4 * ch + t) + 2 * r], dq[4 * (4 * ch + t) + 2 * r + 1]);
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = th.lane / 8 + 4 * j;
+      const float4 v = ld_shared_v4(dq_scratch<K>(p_base, ds_base, buf, th, row, th.lane % 8));
+      if (row < rows_left) red_add_v4(dq_base + row * D + 32 * ch + 4 * (th.lane % 8), v);
+    }
+    __syncwarp();
+  }
+  if (sem != nullptr) {
+    __threadfence();  // this thread's adds are performed before the semaphore moves
+    named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
+    if (th.cw == 0 && th.tid == 0) publish_dq_turn(sem, cta.n_tile);
+  }
+}
+
+// red.global.add.v2 of the fragment: rows dq_row0, dq_row0 + 8 of the tile
+// (those inside the sequence), columns dq_col0 + 8i, +1.
+template <class K>
+__device__ __forceinline__ void red_dq_frags(const float (&dq)[K::kDqN / 2], const AttentionParams& p,
+                                             const bwd::Workspace& ws, const BwdCta& cta, int h, int q0,
+                                             int dq_row0, int dq_col0) {
+  constexpr int D = K::kHeadDim;
+  float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0) * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = dq_row0 + 8 * r;
+    if (q0 + row >= cta.seq.seqlen_q) continue;
+#pragma unroll
+    for (int i = 0; i < K::kDqN / 8; ++i)
+      red_add_v2(dq_base + row * D + dq_col0 + 8 * i, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+  }
+}
+
+// This consumer's dQ partial of iteration it (query tile q0 of head h) into
+// the accumulator, the configuration's way.
+template <class K>
+__device__ __forceinline__ void write_dq(const float (&dq)[K::kDqN / 2], const AttentionParams& p,
+                                         const bwd::Workspace& ws, const BwdCta& cta, const ConsumerThread& th,
+                                         uint32_t p_base, uint32_t ds_base, int it,
+                                         int buf, int h, int q0) {
+  const int dq_row0 = (K::kDqSplitM ? th.cw * 64 : 0) + th.warp * 16 + th.lane / 4;
+  const int dq_col0 = (K::kDqSplitM ? 0 : th.cw * K::kDqN) + 2 * th.quad;
+  if constexpr (K::kDqTma) {
+    stage_dq<K>(dq, th, it, dq_row0);
+  } else if constexpr (K::kSplitD) {
+    red_dq_rows<K>(dq, p, ws, cta, th, p_base, ds_base, buf, h, q0);
+  } else {
+    red_dq_frags<K>(dq, p, ws, cta, h, q0, dq_row0, dq_col0);
+  }
+}
+
+}  // namespace flashattn::cuda::sm90
