@@ -308,7 +308,7 @@ TEST_F(ExtrasValidation, TheBackwardNeedsDsinksExactlyWithSinks) {
 
 TEST_F(ExtrasValidation, ReservedMustBeZero) {
   fa_extras x = p.extras();
-  x.reserved[7] = 1;
+  x.reserved[5] = 1;
   expect_error(forward(x), "reserved");
 }
 

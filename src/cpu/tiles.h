@@ -119,22 +119,44 @@ void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, f
 // anything below 2^-126); returns their sum.
 float exp_shifted(float* s, float shift);
 
-// Scores in place: softcap, the ALiBi term, then -inf outside the mask (tile
-// origin q0, k0). Partially visible tiles pay for the mask; fully visible ones skip it.
-inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
-                          int q0, int rows, int k0, int cols, float* s) {
+// The visibility of the pairs of one (query tile at q0, key tile at k0):
+// the element mask, and where `allowed` is set, only the pairs it marks
+// ([kBlockQ][kBlockK], 1 = block listed).
+struct TileMask {
+  const MaskPolicy* mask;
+  int q0, k0;
+  TileClass cls;                    // kFull: every pair visible, no per-element test
+  const uint8_t* allowed = nullptr;  // null: every pair's block is listed
+
+  bool full() const { return cls == TileClass::kFull; }
+  bool visible(int i, int j) const {
+    return mask->visible(q0 + i, k0 + j) && (allowed == nullptr || allowed[i * kBlockK + j] != 0);
+  }
+};
+
+// The tile with the element mask alone.
+inline TileMask element_tile(const MaskPolicy& mask, int q0, int rows, int k0) {
+  const bool full = mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK);
+  return {&mask, q0, k0, full ? TileClass::kFull : TileClass::kPartial, nullptr};
+}
+
+// Scores in place: softcap, the ALiBi term, then -inf outside the mask.
+// Partially visible tiles pay for the mask; fully visible ones skip it.
+inline void finish_scores(const AttentionParams& p, const TileMask& tile, const AlibiScore& alibi, int rows,
+                          int cols, float* s) {
   if (p.softcap > 0) {
     const SoftcapScore cap{p.softcap};
     for (int i = 0; i < rows * kBlockK; ++i) s[i] = cap(s[i]);
   }
   if (p.has_alibi()) {
     for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = alibi(s[i * kBlockK + j], q0 + i, k0 + j);
+      for (int j = 0; j < kBlockK; ++j)
+        s[i * kBlockK + j] = alibi(s[i * kBlockK + j], tile.q0 + i, tile.k0 + j);
   }
-  if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
+  if (tile.full()) return;
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < kBlockK; ++j)
-      if (j >= cols || !mask.visible(q0 + i, k0 + j)) s[i * kBlockK + j] = kNegInf;
+      if (j >= cols || !tile.visible(i, j)) s[i * kBlockK + j] = kNegInf;
 }
 
 // z[j] = the dropout factor of row i for keys k0 .. k0 + kBlockK - 1 (1 / (1 - p)
