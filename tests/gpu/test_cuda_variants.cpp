@@ -105,11 +105,7 @@ TEST_P(CudaVariants, BackwardMatchesFloat64Reference) {
   const Problem p = make_problem(c);
   VariantRun r;
   ASSERT_TRUE(run_cuda(p, true, r));
-  const Expected e = expected_all(p);
-  for (const auto& [name, cmp] : compare_gradients(r.dq, r.dk, r.dv, e, default_atol(p.c.dtype))) {
-    EXPECT_TRUE(cmp.ok) << cmp.describe(name);
-  }
-  if (p.c.sinks) expect_dsinks_close(r.dsinks, p, e);
+  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
 }
 
 // The sinks' gradient is a fixed-order reduction: bitwise the same run to run.
