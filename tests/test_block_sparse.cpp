@@ -234,6 +234,39 @@ TEST(BlockSparse, ReferenceSeesOnlyListedBlocks) {
   EXPECT_GE(empty_rows, c.block_q) << "query block 1 of head 0 sees no key";
 }
 
+// NaN keys and values in a key block no query block lists never reach a
+// result (docs/semantics.md: masked keys never contribute), while a NaN in a
+// listed block reaches exactly the rows that see it; both as the reference says.
+TEST(BlockSparse, UnlistedKeysNeverLeakNaN) {
+  for (bool causal : {false, true}) {
+    Case c = make_case(FA_F32, 113, 203, 32, 4250);
+    c.causal = causal;
+    c.block_q = 16;
+    c.block_k = 32;
+    c.block_density = 0.5;
+    Problem p = make_problem(c);
+    BlockClasses bc(16, 32, 1, c.heads_q, c.seqlen_q, c.seqlen_k);
+    for (size_t i = 0; i < bc.cls.size(); ++i) bc.cls[i] = static_cast<uint8_t>(i * 7 % 3);
+    for (int h = 0; h < c.heads_q; ++h)
+      for (int qb = 0; qb < bc.q_blocks; ++qb) bc.at(0, h, qb, 2) = 0;  // keys 64..95: never listed
+    set_block_mask(p, bc);
+    for (int h = 0; h < c.heads_kv; ++h) {
+      for (int j = 64; j < 96; ++j) {
+        write_row_element(p.k, j, h, 3, NAN);
+        write_row_element(p.v, j, h, 5, NAN);
+      }
+      write_row_element(p.v, 100, h, 1, NAN);  // key block 3: listed for some rows
+    }
+    CpuResults r;
+    ASSERT_TRUE(run_cpu(p, true, r));
+    const Expected e = expected_all(p);
+    const double atol = default_atol(p.c.dtype);
+    const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, atol, true);
+    EXPECT_TRUE(co.ok) << co.describe("out");
+    expect_gradients_match(p, r.dq, r.dk, r.dv, true);
+  }
+}
+
 // The C++ API carries the mask (Options::with_block_mask, make_block_mask).
 TEST(BlockSparse, CppApiCarriesTheMask) {
   Case c = make_case(FA_F32, 50, 70, 32, 4300);
