@@ -21,8 +21,9 @@
  * gets output 0 and lse = -inf.
  *
  * NaN and Inf (docs/semantics.md): a key is visible to a query row when the
- * mask (causal, window) lets the row see it; the row's results are computed
- * from its visible keys only, in IEEE arithmetic.
+ * mask (causal, window; a block mask's lists, fa_block_mask) lets the row see
+ * it; the row's results are computed from its visible keys only, in IEEE
+ * arithmetic.
  *   - A NaN in a visible input reaches exactly the results that depend on it:
  *     q row i or a key k_j visible to i -> out row i, lse_i and (backward) the
  *     gradients that row feeds; v_j[c] -> out[i][c] of every row i seeing j
