@@ -235,8 +235,8 @@ inline std::vector<Case> dropout_suite(const std::vector<fa_dtype>& dtypes,
 // Block masks (fa_block_mask) of density 0, 0.1, 0.5 and 1, with block sizes
 // that divide no sequence length (and FlexAttention's 128 x 128), alone and
 // with causal, window + softcap, GQA with lists shared by every sequence and
-// head, varlen (with empty sequences), ALiBi + sinks, odd sizes; every head
-// dim in `head_dims` once at density 0.5.
+// head, varlen (with empty sequences), ALiBi + sinks, dropout, odd sizes;
+// every head dim in `head_dims` once at density 0.5.
 inline std::vector<Case> block_sparse_suite(const std::vector<fa_dtype>& dtypes,
                                             const std::vector<int>& head_dims) {
   std::vector<Case> cases;
@@ -274,6 +274,9 @@ inline std::vector<Case> block_sparse_suite(const std::vector<fa_dtype>& dtypes,
       c.sinks = true;
       with(c, 64, 64);
       with(varlen_causal_case(dt, seed++), 16, 24);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.dropout_p = 0.17f;  // every listed block holds >= 11 keys: no row sees a single key (dropout_suite)
+      with(c, 16, 32);
     }
     for (int d : head_dims) {
       Case c = make_case(dt, 113, 203, d, seed++);
