@@ -33,7 +33,7 @@ BlockLists::BlockLists(const AttentionParams& p, bool transpose) : m_(p.block_ma
   });
   key_blocks_.resize(static_cast<size_t>(key_start_.back()));
   for_each_row([&](int64_t r, int b, int h, int qb) {
-    int32_t* const first = &key_blocks_[static_cast<size_t>(key_start_[r])];
+    int32_t* const first = key_blocks_.data() + key_start_[r];  // data(): the lists may be empty
     int32_t* out = first;
     for (int n = 0; n < m_.partial.count(b, h, qb); ++n) *out++ = m_.partial.index(b, h, qb, n);
     for (int n = 0; n < m_.full.count(b, h, qb); ++n) *out++ = m_.full.index(b, h, qb, n);
