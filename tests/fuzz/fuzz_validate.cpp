@@ -289,10 +289,12 @@ bool mutate_block_mask(Input& in, Problem& p) {
   Tensor& indices = &counts == &p.counts ? p.indices : p.full_indices;
   const int64_t rows = counts.desc.shape[0] * counts.desc.shape[1] * p.q_blocks;
   const int cap = static_cast<int>(indices.desc.shape[3]);
+  const int kind = in.pick(0, 8);
+  if (rows == 0 && kind <= 4) return true;  // no list entry to change
   const int64_t r = rows > 0 ? in.pick(0, 255) % rows : 0;
   const int n = rows > 0 ? ints(counts)[r] : 0;
-  switch (in.pick(0, 8)) {
-    case 1: if (rows == 0) return true; ints(counts)[r] = in.flag() ? cap + 1 + in.pick(0, 9) : -1 - in.pick(0, 9); return false;
+  switch (kind) {
+    case 1: ints(counts)[r] = in.flag() ? cap + 1 + in.pick(0, 9) : -1 - in.pick(0, 9); return false;
     case 2: {  // an index outside [0, k_blocks)
       if (n == 0) return true;
       ints(indices)[r * cap + in.pick(0, n - 1)] = in.flag() ? p.k_blocks + in.pick(0, 9) : INT32_MIN + in.pick(0, 9);
