@@ -4,6 +4,8 @@
 // builds them (causal, sliding window, documents); the reference's block
 // semantics against a direct computation; the ABI layout; every validation error.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstddef>
@@ -264,6 +266,57 @@ TEST(BlockSparse, UnlistedKeysNeverLeakNaN) {
     const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, atol, true);
     EXPECT_TRUE(co.ok) << co.describe("out");
     expect_gradients_match(p, r.dq, r.dk, r.dv, true);
+  }
+}
+
+// Pages that fault on any access, holding a copy of t's bytes: t's data moves there.
+struct GuardedCopy {
+  void* base = MAP_FAILED;
+  size_t bytes = 0;
+  explicit GuardedCopy(HostTensor& t) : bytes(t.bytes.size()) {
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return;
+    std::memcpy(base, t.bytes.data(), bytes);
+    t.desc.data = base;
+  }
+  bool protect(size_t offset, size_t length, int prot) {
+    return base != MAP_FAILED && mprotect(static_cast<char*>(base) + offset, length, prot) == 0;
+  }
+  ~GuardedCopy() {
+    if (base != MAP_FAILED) munmap(base, bytes);
+  }
+};
+
+// Skipped blocks cost no memory traffic: the K and V rows of a key block no
+// query block lists sit on pages that fault when touched, and the forward and
+// the backward (both passes) run through, with the reference's results. The
+// block (16 keys of 256 bytes) shares a 64-key CPU tile with listed blocks, so
+// the loads skip rows, not only tiles.
+TEST(BlockSparse, UnlistedKeyBlocksAreNeverRead) {
+  const long page = sysconf(_SC_PAGESIZE);
+  constexpr int kRowBytes = 64 * 4, kBlockKeys = 16;
+  if (page != kRowBytes * kBlockKeys) GTEST_SKIP() << "the test lays one key block on a 4 KiB page";
+  for (bool causal : {false, true}) {
+    Case c = make_case(FA_F32, 50, 128, 64, 4260);
+    c.heads_q = 2;
+    c.heads_kv = 1;
+    c.causal = causal;
+    Problem p = make_problem(c);
+    BlockClasses bc(16, kBlockKeys, 1, c.heads_q, c.seqlen_q, c.seqlen_k);
+    for (size_t i = 0; i < bc.cls.size(); ++i) bc.cls[i] = static_cast<uint8_t>(1 + i % 2);
+    for (int h = 0; h < c.heads_q; ++h)
+      for (int qb = 0; qb < bc.q_blocks; ++qb) bc.at(0, h, qb, 2) = 0;  // keys 32..47 (page 2)
+    set_block_mask(p, bc);
+    const Expected e = expected_all(p);
+    GuardedCopy k(p.k), v(p.v);
+    ASSERT_TRUE(k.protect(2 * page, page, PROT_NONE) && v.protect(2 * page, page, PROT_NONE));
+    CpuResults r;
+    ASSERT_TRUE(run_cpu(p, true, r));
+    ASSERT_TRUE(k.protect(2 * page, page, PROT_READ) && v.protect(2 * page, page, PROT_READ));
+    const double atol = default_atol(p.c.dtype);
+    const Comparison co = compare_rows(r.out, e.exact.out, e.naive.out, atol);
+    EXPECT_TRUE(co.ok) << co.describe("out");
+    for (const auto& [name, cmp] : compare_gradients(r.dq, r.dk, r.dv, e, atol)) EXPECT_TRUE(cmp.ok) << cmp.describe(name);
   }
 }
 

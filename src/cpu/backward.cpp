@@ -164,8 +164,11 @@ void dkdv_tile(const AttentionParams& p, const BlockLists& blocks, const float* 
   const int k0 = k_tile * kBlockK;
   const int cols = std::min(kBlockK, seq.seqlen_k - k0);
   if (cols <= 0) return;
-  load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
-  load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
+  // With a block mask, keys no query block of the group lists are not read
+  // (zeros; their dK, dV rows stay 0: no query tile sees them).
+  const uint8_t* keys = blocks.listed_keys(b, hk * p.group_size(), p.group_size(), k0, cols, w.blocks);
+  load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data(), keys);
+  load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data(), keys);
   std::vector<float>& dk = w.grad;
   std::vector<float>& dv = w.grad2;
   std::fill(dk.begin(), dk.end(), 0.0f);
@@ -206,9 +209,9 @@ void dq_tile(const AttentionParams& p, const BlockLists& blocks, const float* ro
   std::vector<float>& dq = w.grad;  // kBlockQ == kBlockK rows
   std::fill(dq.begin(), dq.end(), 0.0f);
   for_each_key_tile(blocks, b, h, mask, q0, rows, w.blocks, [&](int k0, int cols, const TileMask& tile) {
-    load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
-    load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
-    load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data());
+    load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data(), tile.keys);
+    load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data(), tile.keys);
+    load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data(), tile.keys);
     recompute_p_and_ds(p, tile, alibi, b * p.heads_q + h, rows, cols, w);
     accumulate_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data(), needs_exact(tile, w, w.k.data(), cols, d),
                    [&](int i, int j) { return w.lse[i] != kNegInf && tile.visible(i, j); });

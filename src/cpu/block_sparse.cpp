@@ -101,8 +101,11 @@ void BlockLists::mark_query_tiles(int b, int h, int k0, int cols, std::vector<ui
 }
 
 TileMask BlockLists::tile(int b, int h, const MaskPolicy& mask, int q0, int rows, int k0, int cols,
-                          uint8_t* allowed) const {
+                          BlockScratch& scratch) const {
+  uint8_t* const allowed = scratch.allowed.data();
+  uint8_t* const keys = scratch.keys.data();
   std::fill(allowed, allowed + kBlockQ * kBlockK, 0);
+  std::fill(keys, keys + kBlockK, 0);
   const int kb_first = k0 / m_.block_k, kb_last = (k0 + cols - 1) / m_.block_k;
   int64_t listed = 0;  // listed pairs among the tile's rows x cols
   for (int i = 0; i < rows;) {
@@ -116,6 +119,7 @@ TileMask BlockLists::tile(int b, int h, const MaskPolicy& mask, int q0, int rows
       const int64_t lo = std::max<int64_t>(0, int64_t{*kb} * m_.block_k - k0);
       const int64_t hi = std::min<int64_t>(cols, (int64_t{*kb} + 1) * m_.block_k - k0);
       std::fill(flags + lo, flags + hi, 1);
+      std::fill(keys + lo, keys + hi, 1);
       row_listed += static_cast<int>(hi - lo);
     }
     for (int r = i + 1; r < i_end; ++r) std::copy(flags, flags + kBlockK, allowed + r * kBlockK);
@@ -123,7 +127,24 @@ TileMask BlockLists::tile(int b, int h, const MaskPolicy& mask, int q0, int rows
     i = i_end;
   }
   if (listed == int64_t{rows} * cols) return element_tile(mask, q0, rows, k0);
-  return {&mask, q0, k0, listed == 0 ? TileClass::kEmpty : TileClass::kPartial, allowed};
+  return {&mask, q0, k0, listed == 0 ? TileClass::kEmpty : TileClass::kPartial, allowed, keys};
+}
+
+const uint8_t* BlockLists::listed_keys(int b, int h_first, int heads, int k0, int cols, BlockScratch& scratch) const {
+  if (!enabled()) return nullptr;
+  uint8_t* const keys = scratch.keys.data();
+  std::fill(keys, keys + kBlockK, 0);
+  for (int kb = k0 / m_.block_k; kb <= (k0 + cols - 1) / m_.block_k; ++kb) {
+    bool listed = false;
+    for (int h = h_first; h < h_first + heads && !listed; ++h) {
+      const Row column = query_blocks(b, h, kb);
+      listed = column.begin != column.end;
+    }
+    if (!listed) continue;
+    const int64_t lo = std::max<int64_t>(0, int64_t{kb} * m_.block_k - k0);
+    std::fill(keys + lo, keys + std::min<int64_t>(cols, (int64_t{kb} + 1) * m_.block_k - k0), 1);
+  }
+  return keys;
 }
 
 }  // namespace flashattn::cpu

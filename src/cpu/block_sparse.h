@@ -26,7 +26,8 @@ namespace flashattn::cpu {
 struct BlockScratch {
   std::vector<uint8_t> visit;    // one flag per CPU tile along the walked dimension
   std::vector<uint8_t> allowed;  // kBlockQ x kBlockK
-  BlockScratch() : allowed(kBlockQ * kBlockK) {}
+  std::vector<uint8_t> keys;     // kBlockK: keys of a tile some listed block holds
+  BlockScratch() : allowed(kBlockQ * kBlockK), keys(kBlockK) {}
 };
 
 class BlockLists {
@@ -43,9 +44,14 @@ class BlockLists {
   // keys [k0, k0 + cols); needs `transpose`.
   void mark_query_tiles(int b, int h, int k0, int cols, std::vector<uint8_t>& visit) const;
   // The visibility of rows [q0, q0 + rows) x keys [k0, k0 + cols) of (b, h);
-  // `allowed` (kBlockQ x kBlockK) holds the listed pairs when it needs them.
+  // scratch.allowed holds the listed pairs and scratch.keys the keys they
+  // reach when the tile needs them.
   TileMask tile(int b, int h, const MaskPolicy& mask, int q0, int rows, int k0, int cols,
-                uint8_t* allowed) const;
+                BlockScratch& scratch) const;
+  // The keys of [k0, k0 + cols) that some query block of (b, h) for h in
+  // [h_first, h_first + heads) lists, in scratch.keys (the dK/dV pass reads
+  // no other); null without a block mask (every key). Needs `transpose`.
+  const uint8_t* listed_keys(int b, int h_first, int heads, int k0, int cols, BlockScratch& scratch) const;
 
  private:
   struct Row {
@@ -82,7 +88,7 @@ void walk_tiles(const BlockLists& blocks, int begin, int end, int tile, int leng
 // The visibility of rows [q0, q0 + rows) x keys [k0, k0 + cols) of (b, h).
 inline TileMask tile_mask(const BlockLists& blocks, int b, int h, const MaskPolicy& mask, int q0, int rows, int k0,
                           int cols, BlockScratch& scratch) {
-  return blocks.enabled() ? blocks.tile(b, h, mask, q0, rows, k0, cols, scratch.allowed.data())
+  return blocks.enabled() ? blocks.tile(b, h, mask, q0, rows, k0, cols, scratch)
                           : element_tile(mask, q0, rows, k0);
 }
 

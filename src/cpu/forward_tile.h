@@ -98,9 +98,10 @@ void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, For
 
   // Only key tiles some row of this tile can see; the rest are skipped.
   for_each_key_tile(blocks, rows_of.b, rows_of.h, mask, q0, rows, w.blocks, [&](int k0, int cols, const TileMask& tile) {
-    load_rows_transposed(p, rows_of.k_base, [&](int j) { return rows_of.k(j); }, k0, cols, w.kt.data());
+    // Keys of blocks nobody here lists (tile.keys) are not read: zeros, masked below.
+    load_rows_transposed(p, rows_of.k_base, [&](int j) { return rows_of.k(j); }, k0, cols, w.kt.data(), tile.keys);
     load_rows(p, rows_of.v_base, [&](int j) { return rows_of.v(j); }, k0, cols, kBlockK, 1.0f,
-              w.v.data());
+              w.v.data(), tile.keys);
     // S = (scale * Q) K^T, softcapped and masked
     matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());
     finish_scores(p, tile, alibi, rows, cols, w.s.data());
