@@ -100,34 +100,44 @@ void BlockLists::mark_query_tiles(int b, int h, int k0, int cols, std::vector<ui
                     [&](int kb) { return query_blocks(b, h, kb); }, visit);
 }
 
+// Calls fn(i, i_end, lo, hi) for each listed key block that rows [q0, q0 + rows)
+// x keys [k0, k0 + cols) meet: rows [i, i_end) of the tile share a query block
+// (rows_of(qb) its sorted key blocks) and the block covers columns [lo, hi).
+template <typename RowsOf, typename Fn>
+void for_each_listed_span(const BlockMaskView& m, RowsOf&& rows_of, int q0, int rows, int k0, int cols, Fn&& fn) {
+  const int kb_first = k0 / m.block_k, kb_last = (k0 + cols - 1) / m.block_k;
+  for (int i = 0; i < rows;) {
+    const int qb = (q0 + i) / m.block_q;
+    const int i_end = static_cast<int>(std::min<int64_t>(rows, (int64_t{qb} + 1) * m.block_q - q0));
+    const auto row = rows_of(qb);
+    for (const int32_t* kb = std::lower_bound(row.begin, row.end, kb_first); kb != row.end && *kb <= kb_last; ++kb) {
+      const int lo = static_cast<int>(std::max<int64_t>(0, int64_t{*kb} * m.block_k - k0));
+      const int hi = static_cast<int>(std::min<int64_t>(cols, (int64_t{*kb} + 1) * m.block_k - k0));
+      fn(i, i_end, lo, hi);
+    }
+    i = i_end;
+  }
+}
+
 TileMask BlockLists::tile(int b, int h, const MaskPolicy& mask, int q0, int rows, int k0, int cols,
                           BlockScratch& scratch) const {
+  const auto rows_of = [&](int qb) { return key_blocks(b, h, qb); };
+  // NOTES: counted first, so a tile whose pairs are all listed (the common
+  // case of large blocks) costs no pair table: it is the element mask's tile.
+  int64_t listed = 0;
+  for_each_listed_span(m_, rows_of, q0, rows, k0, cols,
+                       [&](int i, int i_end, int lo, int hi) { listed += int64_t{i_end - i} * (hi - lo); });
+  if (listed == int64_t{rows} * cols) return element_tile(mask, q0, rows, k0);
+  if (listed == 0) return {&mask, q0, k0, TileClass::kEmpty, nullptr, nullptr};
   uint8_t* const allowed = scratch.allowed.data();
   uint8_t* const keys = scratch.keys.data();
   std::fill(allowed, allowed + kBlockQ * kBlockK, 0);
   std::fill(keys, keys + kBlockK, 0);
-  const int kb_first = k0 / m_.block_k, kb_last = (k0 + cols - 1) / m_.block_k;
-  int64_t listed = 0;  // listed pairs among the tile's rows x cols
-  for (int i = 0; i < rows;) {
-    // Rows [i, i_end) of the tile share query block qb, hence one row of flags.
-    const int qb = (q0 + i) / m_.block_q;
-    const int i_end = static_cast<int>(std::min<int64_t>(rows, (int64_t{qb} + 1) * m_.block_q - q0));
-    uint8_t* flags = allowed + i * kBlockK;
-    const Row row = key_blocks(b, h, qb);
-    int row_listed = 0;
-    for (const int32_t* kb = std::lower_bound(row.begin, row.end, kb_first); kb != row.end && *kb <= kb_last; ++kb) {
-      const int64_t lo = std::max<int64_t>(0, int64_t{*kb} * m_.block_k - k0);
-      const int64_t hi = std::min<int64_t>(cols, (int64_t{*kb} + 1) * m_.block_k - k0);
-      std::fill(flags + lo, flags + hi, 1);
-      std::fill(keys + lo, keys + hi, 1);
-      row_listed += static_cast<int>(hi - lo);
-    }
-    for (int r = i + 1; r < i_end; ++r) std::copy(flags, flags + kBlockK, allowed + r * kBlockK);
-    listed += int64_t{row_listed} * (i_end - i);
-    i = i_end;
-  }
-  if (listed == int64_t{rows} * cols) return element_tile(mask, q0, rows, k0);
-  return {&mask, q0, k0, listed == 0 ? TileClass::kEmpty : TileClass::kPartial, allowed, keys};
+  for_each_listed_span(m_, rows_of, q0, rows, k0, cols, [&](int i, int i_end, int lo, int hi) {
+    for (int r = i; r < i_end; ++r) std::fill(allowed + r * kBlockK + lo, allowed + r * kBlockK + hi, 1);
+    std::fill(keys + lo, keys + hi, 1);
+  });
+  return {&mask, q0, k0, TileClass::kPartial, allowed, keys};
 }
 
 const uint8_t* BlockLists::listed_keys(int b, int h_first, int heads, int k0, int cols, BlockScratch& scratch) const {
