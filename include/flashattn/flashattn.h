@@ -21,8 +21,9 @@
  * gets output 0 and lse = -inf.
  *
  * NaN and Inf (docs/semantics.md): a key is visible to a query row when the
- * mask (causal, window) lets the row see it; the row's results are computed
- * from its visible keys only, in IEEE arithmetic.
+ * mask (causal, window; a block mask's lists, fa_block_mask) lets the row see
+ * it; the row's results are computed from its visible keys only, in IEEE
+ * arithmetic.
  *   - A NaN in a visible input reaches exactly the results that depend on it:
  *     q row i or a key k_j visible to i -> out row i, lse_i and (backward) the
  *     gradients that row feeds; v_j[c] -> out[i][c] of every row i seeing j
@@ -78,8 +79,9 @@ typedef enum fa_status {
   FA_ERROR_INTERNAL = 6
 } fa_status;
 
-/* Element types: float32, float16, bfloat16. */
-typedef enum fa_dtype { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
+/* Element types: float32, float16, bfloat16; int32 for index tensors only
+ * (fa_block_mask), never for q, k, v or their results. */
+typedef enum fa_dtype { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2, FA_I32 = 3 } fa_dtype;
 
 /* Where a tensor's memory lives. */
 typedef enum fa_device_type { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device_type;
@@ -127,6 +129,33 @@ typedef struct fa_options {
   int32_t reserved[7];   /* must be zero (checked); room to grow without breaking the ABI */
 } fa_options;
 
+/* A block-sparse mask in FlexAttention's BlockMask layout (docs/variants.md).
+ * Query row i (counted within its sequence) lies in query block i / block_q,
+ * key j in key block j / block_k; q_blocks = ceil(seqlen_q / block_q) and
+ * k_blocks = ceil(seqlen_k / block_k) (max_seqlen_q/k for variable-length
+ * batches). Per (sequence b, query head h, query block qb), int32 host tensors:
+ *   kv_num_blocks[b][h][qb]       (B, H, q_blocks): how many entries of
+ *   kv_indices[b][h][qb][0 ..]    (B, H, q_blocks, max_blocks) are key blocks
+ *                                  the query block visits (the "partial" ones);
+ *   full_kv_num_blocks, full_kv_indices: likewise the "full" ones, or both NULL.
+ * B is 1 or batch and H is 1 or heads_q (1 = the same lists for every
+ * sequence / head). Entries past a count are never read; every read index must
+ * lie in [0, k_blocks) and a key block may appear once in the two lists of a
+ * query block together. Row i sees key j when the element mask (causal,
+ * window, sequence lengths) lets it AND block (i / block_q, j / block_k) is
+ * listed, partial or full: flashattn has no mask_mod, so both kinds take the
+ * element mask; blocks in neither list are skipped. CPU backend only: the
+ * CUDA backend answers FA_ERROR_UNSUPPORTED. */
+typedef struct fa_block_mask {
+  int32_t block_q;  /* query rows per block (FlexAttention's BLOCK_SIZE[0]), > 0 */
+  int32_t block_k;  /* keys per block (BLOCK_SIZE[1]), > 0 */
+  const fa_tensor* kv_num_blocks;
+  const fa_tensor* kv_indices;
+  const fa_tensor* full_kv_num_blocks; /* NULL: no full blocks */
+  const fa_tensor* full_kv_indices;    /* NULL exactly when full_kv_num_blocks is */
+  int32_t reserved[4];                 /* zero */
+} fa_block_mask;
+
 /* Score extras beyond fa_options, for fa_forward_ex / fa_backward_ex (the
  * plain entry points are these with every extra off). Each tensor is f32 on
  * q's device, or NULL for off.
@@ -141,7 +170,9 @@ typedef struct fa_options {
  *                 probability and the kept ones scaled by 1 / (1 - p) (the lse is
  *                 the one before dropout). The keep bits are Philox4x32-10 of the
  *                 element's coordinates under (dropout_seed, dropout_offset): give
- *                 the backward the forward's values. fa_dropout_mask shows them. */
+ *                 the backward the forward's values. fa_dropout_mask shows them.
+ *   block_mask:   NULL, or the key blocks each query block visits (fa_block_mask);
+ *                 give the backward the forward's mask. */
 typedef struct fa_extras {
   const fa_tensor* alibi_slopes;
   const fa_tensor* sinks;
@@ -149,7 +180,8 @@ typedef struct fa_extras {
   float dropout_p;
   uint64_t dropout_seed;
   uint64_t dropout_offset;
-  int32_t reserved[8];  /* zero; room to grow without breaking the ABI */
+  const fa_block_mask* block_mask; /* where reserved[0..1] were: size and other offsets unchanged */
+  int32_t reserved[6];             /* zero; room to grow without breaking the ABI */
 } fa_extras;
 
 /* Defaults: scale 1/sqrt(d), no mask, window (-1,-1), auto backend. */

@@ -50,6 +50,21 @@ inline fa_tensor make_tensor(void* data, fa_dtype dtype, std::initializer_list<i
   return t;
 }
 
+// A block-sparse mask (fa_block_mask) over int32 host tensors made with
+// make_tensor(..., FA_I32, ...); the tensors must outlive every call using it.
+inline fa_block_mask make_block_mask(int block_q, int block_k, const fa_tensor& kv_num_blocks,
+                                     const fa_tensor& kv_indices, const fa_tensor* full_kv_num_blocks = nullptr,
+                                     const fa_tensor* full_kv_indices = nullptr) {
+  fa_block_mask m{};
+  m.block_q = block_q;
+  m.block_k = block_k;
+  m.kv_num_blocks = &kv_num_blocks;
+  m.kv_indices = &kv_indices;
+  m.full_kv_num_blocks = full_kv_num_blocks;
+  m.full_kv_indices = full_kv_indices;
+  return m;
+}
+
 // Options with flash-attn's defaults; set fields directly or chain the setters.
 struct Options {
   float softmax_scale = 0.0f;  // 0 -> 1/sqrt(head_dim)
@@ -69,6 +84,9 @@ struct Options {
   float dropout_p = 0.0f;                   // [0, 1); the backward needs the forward's seed and offset
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
+  // Block-sparse mask (fa_block_mask, host int32 lists; CPU backend): the key
+  // blocks each query block visits. Give backward() the forward's mask.
+  const fa_block_mask* block_mask = nullptr;
 
   Options& with_causal(bool c = true) { causal = c; return *this; }
   Options& with_window(int left, int right) { window_left = left; window_right = right; return *this; }
@@ -82,6 +100,7 @@ struct Options {
     dsinks = grad;
     return *this;
   }
+  Options& with_block_mask(const fa_block_mask* mask) { block_mask = mask; return *this; }
   Options& with_dropout(float p, uint64_t seed, uint64_t offset) {
     dropout_p = p;
     dropout_seed = seed;
@@ -110,6 +129,7 @@ struct Options {
     e.dropout_p = dropout_p;
     e.dropout_seed = dropout_seed;
     e.dropout_offset = dropout_offset;
+    e.block_mask = block_mask;
     return e;
   }
 };

@@ -2,6 +2,7 @@
 
 from ._capi import (  # noqa: F401
     BackendUnavailableError,
+    BlockMask,
     DeviceError,
     FlashAttnError,
     InternalError,

@@ -52,6 +52,9 @@ __all__ = [
     "FaKvCache",
     "forward_kvcache",
     "forward_kvcache_workspace_size",
+    "FaBlockMask",
+    "BlockMask",
+    "block_mask_parts",
 ]
 
 FA_MAX_DIMS = 4
@@ -69,6 +72,7 @@ FA_ERROR_INTERNAL = 6
 FA_F32 = 0
 FA_F16 = 1
 FA_BF16 = 2
+FA_I32 = 3  # index tensors only (block masks)
 
 # fa_device_type
 FA_DEVICE_CPU = 0
@@ -211,6 +215,18 @@ class FaKvCache(ctypes.Structure):
     ]
 
 
+class FaBlockMask(ctypes.Structure):
+    _fields_ = [
+        ("block_q", ctypes.c_int32),
+        ("block_k", ctypes.c_int32),
+        ("kv_num_blocks", ctypes.POINTER(FaTensor)),
+        ("kv_indices", ctypes.POINTER(FaTensor)),
+        ("full_kv_num_blocks", ctypes.POINTER(FaTensor)),
+        ("full_kv_indices", ctypes.POINTER(FaTensor)),
+        ("reserved", ctypes.c_int32 * 4),
+    ]
+
+
 class FaExtras(ctypes.Structure):
     _fields_ = [
         ("alibi_slopes", ctypes.POINTER(FaTensor)),
@@ -219,7 +235,8 @@ class FaExtras(ctypes.Structure):
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
-        ("reserved", ctypes.c_int32 * 8),
+        ("block_mask", ctypes.POINTER(FaBlockMask)),
+        ("reserved", ctypes.c_int32 * 6),
     ]
 
 
@@ -697,13 +714,16 @@ class _Call:
         self.keep.append(d)
         return _fa_tensor(d, name, output=output)
 
-    def extras(self, alibi_slopes=None, sinks=None, dsinks=None, dropout=None):
-        """An FaExtras over the given tensors (None = off) and dropout (None, or
-        (p, seed, offset)), or None when all are off."""
+    def extras(self, alibi_slopes=None, sinks=None, dsinks=None, dropout=None, block_mask=None):
+        """An FaExtras over the given tensors (None = off), dropout (None, or
+        (p, seed, offset)) and block mask (see block_mask_parts), or None when all are off."""
         dropping = dropout is not None and dropout[0] > 0
-        if alibi_slopes is None and sinks is None and dsinks is None and not dropping:
+        parts = block_mask_parts(block_mask)
+        if alibi_slopes is None and sinks is None and dsinks is None and not dropping and parts is None:
             return None
         e = _dropout_extras(dropout)
+        if parts is not None:
+            e.block_mask = ctypes.pointer(self.block_mask(parts))
         if alibi_slopes is not None:
             e.alibi_slopes = ctypes.pointer(self.tensor(alibi_slopes, "alibi_slopes"))
         if sinks is not None:
@@ -713,9 +733,75 @@ class _Call:
         self.keep.append(e)
         return e
 
+    def index_tensor(self, x, name):
+        """An int32 tensor (FA_I32) of a block mask; the library checks where it lives."""
+        d = _describe(x, name, self.stream)
+        if d.dtype != "int32":
+            got = d.dtype if isinstance(d.dtype, str) else _DTYPE_NAMES[d.dtype]
+            raise InvalidArgumentError(f"{name} must be int32, got {got}")
+        if len(d.shape) > FA_MAX_DIMS:
+            raise InvalidArgumentError(f"{name} has {len(d.shape)} dimensions, at most {FA_MAX_DIMS} allowed")
+        self.keep.append(d)
+        return FaTensor(d.ptr or None, FA_I32, d.device, d.device_index, len(d.shape),
+                        _Dims(*d.shape), _Dims(*d.strides))
+
+    def block_mask(self, parts):
+        block_q, block_k, num, indices, full_num, full_indices = parts
+        m = FaBlockMask()
+        m.block_q = _int32(block_q, "block_mask.BLOCK_SIZE[0]")
+        m.block_k = _int32(block_k, "block_mask.BLOCK_SIZE[1]")
+        m.kv_num_blocks = ctypes.pointer(self.index_tensor(num, "block_mask.kv_num_blocks"))
+        m.kv_indices = ctypes.pointer(self.index_tensor(indices, "block_mask.kv_indices"))
+        if full_num is not None:
+            m.full_kv_num_blocks = ctypes.pointer(self.index_tensor(full_num, "block_mask.full_kv_num_blocks"))
+        if full_indices is not None:
+            m.full_kv_indices = ctypes.pointer(self.index_tensor(full_indices, "block_mask.full_kv_indices"))
+        self.keep.append(m)
+        return m
+
     @property
     def varlen_ptr(self):
         return ctypes.byref(self.varlen) if self.varlen is not None else None
+
+
+class BlockMask:
+    """A block-sparse mask in FlexAttention's BlockMask vocabulary, for callers without
+    torch.nn.attention.flex_attention (NumPy arrays, or torch tensors built by hand).
+
+    kv_num_blocks: int32 (B, H, q_blocks); kv_indices: int32 (B, H, q_blocks, max_blocks):
+    per (sequence, query head, query block) the first kv_num_blocks entries are the key
+    blocks it visits ("partial": the causal/window/length mask applies inside them).
+    full_kv_num_blocks / full_kv_indices: the same for "full" blocks, or None. B may be 1 or
+    batch, H 1 or heads_q (1 = shared). BLOCK_SIZE: (block_q, block_k) or one int for both.
+    flashattn has no mask_mod: both kinds of blocks take only the element mask of the call
+    (causal, window_size, sequence lengths); docs/variants.md."""
+
+    def __init__(self, kv_num_blocks, kv_indices, full_kv_num_blocks=None, full_kv_indices=None,
+                 BLOCK_SIZE=(128, 128)):  # noqa: N803 (FlexAttention's attribute name)
+        self.kv_num_blocks = kv_num_blocks
+        self.kv_indices = kv_indices
+        self.full_kv_num_blocks = full_kv_num_blocks
+        self.full_kv_indices = full_kv_indices
+        self.BLOCK_SIZE = BLOCK_SIZE
+
+
+def block_mask_parts(block_mask):
+    """(block_q, block_k, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) of a
+    block mask: None; a FlexAttention BlockMask or a BlockMask (duck-typed: kv_num_blocks,
+    kv_indices, optional full_kv_num_blocks / full_kv_indices, BLOCK_SIZE); or these six
+    parts already. Its q_num_blocks / q_indices, if any, are not used: the library builds the
+    transposed lists the backward walks from the kv lists it has validated."""
+    if block_mask is None or isinstance(block_mask, tuple):
+        return block_mask
+    try:
+        num, indices, block = block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.BLOCK_SIZE
+    except AttributeError:
+        raise TypeError(f"block_mask must have kv_num_blocks, kv_indices and BLOCK_SIZE (a "
+                        f"FlexAttention BlockMask or flashattn.BlockMask), got "
+                        f"{type(block_mask).__name__}") from None
+    block_q, block_k = (block, block) if isinstance(block, int) else tuple(block)
+    return (int(block_q), int(block_k), num, indices, getattr(block_mask, "full_kv_num_blocks", None),
+            getattr(block_mask, "full_kv_indices", None))
 
 
 def _dropout_extras(dropout) -> FaExtras:
@@ -771,14 +857,17 @@ def _workspace_buffer(workspace, size, c) -> Tuple[Optional[int], int]:
 def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
             max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             backend=None, stream=None, deterministic=False, num_threads=0, alibi_slopes=None,
-            sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> None:
+            sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0, block_mask=None) -> None:
     """out = softmax(scale * q k^T + mask) v, written into ``out``; logsumexp into ``lse``.
 
     ``alibi_slopes``: float32 (heads_q,) or (batch, heads_q), scores -= slope * |i + seqlen_k -
     seqlen_q - j|. ``sinks``: float32 (heads_q,), a logit per head in each row's softmax
     denominator (no value); lse includes it. Both on q's device, None = off. ``dropout_p`` > 0
     drops attention probabilities by Philox bits of (dropout_seed, dropout_offset) (the CPU
-    backend only for now); the backward needs the same three values.
+    backend only for now); the backward needs the same three values. ``block_mask``: a
+    FlexAttention BlockMask, a flashattn.BlockMask or block_mask_parts() of one (host int32
+    lists, CPU backend): only the listed key blocks of each query block are visited, the
+    element mask (causal, window) applying inside them; the backward needs the same mask.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
     q, lse f32 (batch, heads_q, seqlen_q) or None. With cu_seqlens_q/k (int32, batch+1, on q's
@@ -790,7 +879,8 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
               causal, window_size, softcap, deterministic, backend, stream, num_threads)
     o = c.tensor(out, "out", output=True)
     lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
-    extras = c.extras(alibi_slopes, sinks, dropout=(dropout_p, dropout_seed, dropout_offset))
+    extras = c.extras(alibi_slopes, sinks, dropout=(dropout_p, dropout_seed, dropout_offset),
+                      block_mask=block_mask)
     status = library().fa_forward_ex(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
                                      ctypes.byref(o),
                                      ctypes.byref(lse_t) if lse_t is not None else None,
@@ -833,10 +923,10 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
              max_seqlen_q=0, max_seqlen_k=0, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, deterministic=False, workspace=None,
              backend=None, stream=None, num_threads=0, alibi_slopes=None, sinks=None,
-             dsinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> None:
+             dsinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0, block_mask=None) -> None:
     """Gradients dq, dk, dv (written in place) from dout and the forward's out and lse.
 
-    ``alibi_slopes``, ``sinks`` and the dropout arguments as given to forward(); with sinks,
+    ``alibi_slopes``, ``sinks``, ``block_mask`` and the dropout arguments as given to forward(); with sinks,
     ``dsinks`` (float32 (heads_q,)) receives their gradient.
 
     ``workspace``: None (the library allocates), a contiguous buffer on the tensors' device of
@@ -861,7 +951,8 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
         return nbytes.value
 
     ws_ptr, ws_bytes = _workspace_buffer(workspace, size, c)
-    extras = c.extras(alibi_slopes, sinks, dsinks, dropout=(dropout_p, dropout_seed, dropout_offset))
+    extras = c.extras(alibi_slopes, sinks, dsinks, dropout=(dropout_p, dropout_seed, dropout_offset),
+                      block_mask=block_mask)
     status = library().fa_backward_ex(
         ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
         ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),

@@ -7,8 +7,11 @@ that calls the backward ops, so gradients flow through loss.backward() and
 torch.compile(fullgraph=True) traces them without graph breaks.
 
 Ops (alibi_slopes, sinks: optional float32 tensors; dropout_p, dropout_seed,
-dropout_offset: see flashattn._capi.forward; EXTRAS below stands for
-alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+dropout_offset: see flashattn._capi.forward; block_q, block_k, kv_num_blocks, kv_indices,
+full_kv_num_blocks, full_kv_indices: a block mask, off while block_q is 0 (int32 host
+tensors, see flashattn.BlockMask); EXTRAS below stands for alibi_slopes=None, sinks=None,
+dropout_p=0.0, dropout_seed=0, dropout_offset=0, block_q=0, block_k=0, kv_num_blocks=None,
+kv_indices=None, full_kv_num_blocks=None, full_kv_indices=None):
   flashattn::fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                  deterministic, EXTRAS) -> (out, lse)
   flashattn::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
@@ -89,7 +92,7 @@ def _varlen_kwargs(varlen):
 
 
 def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-             varlen=None, alibi_slopes=None, sinks=None, dropout=None):
+             varlen=None, alibi_slopes=None, sinks=None, dropout=None, block_mask=None):
     q, k, v = _prep(q), _prep(k), _prep(v)
     out = _empty_like_shape(q)
     if varlen is None:  # lse (batch, heads_q, seqlen_q)
@@ -100,7 +103,7 @@ def _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
     with _device_guard(q):
         _capi.forward(q, k, v, out, lse, **_varlen_kwargs(varlen),
                       alibi_slopes=_extra(alibi_slopes), sinks=_extra(sinks), **_dropout_kwargs(dropout),
-                      **_opts(softmax_scale, causal, window_left, window_right, softcap,
+                      block_mask=_block_lists(block_mask), **_opts(softmax_scale, causal, window_left, window_right, softcap,
                               deterministic))
     return out, lse
 
@@ -111,6 +114,24 @@ def _dropout_kwargs(dropout):
         return {}
     p, seed, offset = dropout
     return dict(dropout_p=float(p), dropout_seed=int(seed), dropout_offset=int(offset))
+
+
+def _block_lists(parts):
+    """A block mask's parts (block_q, block_k, 4 int32 lists or None) with the lists as
+    contiguous tensors (NumPy arrays are taken without a copy)."""
+    if parts is None:
+        return None
+    return parts[:2] + tuple(None if t is None else torch.as_tensor(t).contiguous() for t in parts[2:])
+
+
+def _block_args(parts):
+    """The block-mask arguments of the ops (block_q, block_k, 4 tensors) from parts or None."""
+    return (0, 0, None, None, None, None) if parts is None else _block_lists(parts)
+
+
+def _block_parts(block_q, block_k, *lists):
+    """The ops' block-mask arguments back to parts (None while block_q is 0)."""
+    return None if block_q == 0 else (block_q, block_k) + tuple(lists)
 
 
 def _extra(x):
@@ -125,7 +146,7 @@ def _dsinks_like(q, sinks):
 
 
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic, varlen=None, alibi_slopes=None, sinks=None, dropout=None):
+              deterministic, varlen=None, alibi_slopes=None, sinks=None, dropout=None, block_mask=None):
     """(dq, dk, dv, dsinks); dsinks is empty when sinks is None."""
     dout, q, k, v, out, lse = (_prep(t) for t in (dout, q, k, v, out, lse))
     dq, dk, dv = _empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v)
@@ -139,7 +160,7 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
         _capi.backward(q, k, v, out, dout, lse, dq, dk, dv, workspace=workspace,
                        **_varlen_kwargs(varlen), alibi_slopes=_extra(alibi_slopes),
                        sinks=_extra(sinks), dsinks=dsinks if sinks is not None else None,
-                       **_dropout_kwargs(dropout),
+                       **_dropout_kwargs(dropout), block_mask=_block_lists(block_mask),
                        **_opts(softmax_scale, causal, window_left, window_right, softcap,
                                deterministic))
     return dq, dk, dv, dsinks
@@ -153,16 +174,20 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool,
         alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-        dropout_p: float = 0.0, dropout_seed: int = 0,
-        dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
+        dropout_p: float = 0.0, dropout_seed: int = 0, dropout_offset: int = 0,
+        block_q: int = 0, block_k: int = 0, kv_num_blocks: Optional[Tensor] = None,
+        kv_indices: Optional[Tensor] = None, full_kv_num_blocks: Optional[Tensor] = None,
+        full_kv_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                     deterministic, None, alibi_slopes, sinks,
-                    (dropout_p, dropout_seed, dropout_offset))
+                    (dropout_p, dropout_seed, dropout_offset), _block_parts(block_q, block_k, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices))
 
 
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+      block_q=0, block_k=0, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None,
+      full_kv_indices=None):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -173,27 +198,32 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
         deterministic: bool, alibi_slopes: Optional[Tensor] = None,
         sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
-        dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        dropout_offset: int = 0,
+        block_q: int = 0, block_k: int = 0, kv_num_blocks: Optional[Tensor] = None,
+        kv_indices: Optional[Tensor] = None, full_kv_num_blocks: Optional[Tensor] = None,
+        full_kv_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
                      softcap, deterministic, None, alibi_slopes, sinks,
-                     (dropout_p, dropout_seed, dropout_offset))
+                     (dropout_p, dropout_seed, dropout_offset), _block_parts(block_q, block_k, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices))
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
       deterministic, alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0,
-      dropout_offset=0):
+      dropout_offset=0, block_q=0, block_k=0, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None,
+      full_kv_indices=None):
     return (_empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v),
             _dsinks_like(q, sinks))
 
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-     alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset) = inputs
+     alibi_slopes, sinks, dropout_p, dropout_seed, dropout_offset) = inputs[:14]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks, *inputs[16:])
     ctx.params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     ctx.dropout = (dropout_p, dropout_seed, dropout_offset)
+    ctx.block_sizes = inputs[14:16]
     ctx.mark_non_differentiable(lse)
 
 
@@ -202,10 +232,10 @@ def _sinks_grad(sinks, dsinks):
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors[:7]
     dq, dk, dv, dsinks = bwd(dout, q, k, v, out, lse, *ctx.params, alibi_slopes, sinks,
-                             *ctx.dropout)
-    return (dq, dk, dv) + (None,) * 7 + (_sinks_grad(sinks, dsinks),) + (None,) * 3
+                             *ctx.dropout, *ctx.block_sizes, *ctx.saved_tensors[7:])
+    return (dq, dk, dv) + (None,) * 7 + (_sinks_grad(sinks, dsinks),) + (None,) * 9
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -221,16 +251,21 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                window_left: int, window_right: int, softcap: float,
                deterministic: bool, alibi_slopes: Optional[Tensor] = None,
                sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
-               dropout_offset: int = 0) -> Tuple[Tensor, Tensor]:
+               dropout_offset: int = 0,
+               block_q: int = 0, block_k: int = 0, kv_num_blocks: Optional[Tensor] = None,
+               kv_indices: Optional[Tensor] = None, full_kv_num_blocks: Optional[Tensor] = None,
+               full_kv_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
                     deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                    alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset))
+                    alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset),
+                    _block_parts(block_q, block_k, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices))
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
       window_left, window_right, softcap, deterministic, alibi_slopes=None, sinks=None,
-      dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+      dropout_p=0.0, dropout_seed=0, dropout_offset=0, block_q=0, block_k=0, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None,
+      full_kv_indices=None):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return out, lse
@@ -242,16 +277,22 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
                softcap: float, deterministic: bool, alibi_slopes: Optional[Tensor] = None,
                sinks: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_seed: int = 0,
-               dropout_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+               dropout_offset: int = 0,
+               block_q: int = 0, block_k: int = 0, kv_num_blocks: Optional[Tensor] = None,
+               kv_indices: Optional[Tensor] = None, full_kv_num_blocks: Optional[Tensor] = None,
+               full_kv_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
                      softcap, deterministic, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                     alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset))
+                     alibi_slopes, sinks, (dropout_p, dropout_seed, dropout_offset),
+                     _block_parts(block_q, block_k, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices))
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       softmax_scale, causal, window_left, window_right, softcap, deterministic,
-      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0):
+      alibi_slopes=None, sinks=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+      block_q=0, block_k=0, kv_num_blocks=None, kv_indices=None, full_kv_num_blocks=None,
+      full_kv_indices=None):
     return (_empty_like_shape(q), _empty_like_shape(k), _empty_like_shape(v),
             _dsinks_like(q, sinks))
 
@@ -259,9 +300,11 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
      window_left, window_right, softcap, deterministic, alibi_slopes, sinks, dropout_p,
-     dropout_seed, dropout_offset) = inputs
+     dropout_seed, dropout_offset) = inputs[:18]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
+                          *inputs[20:])
+    ctx.block_sizes = inputs[18:20]
     ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                   softcap, deterministic)
     ctx.dropout = (dropout_p, dropout_seed, dropout_offset)
@@ -269,10 +312,11 @@ def _varlen_setup_context(ctx, inputs, output):
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors[:9]
     dq, dk, dv, dsinks = varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                    *ctx.params, alibi_slopes, sinks, *ctx.dropout)
-    return (dq, dk, dv) + (None,) * 11 + (_sinks_grad(sinks, dsinks),) + (None,) * 3
+                                    *ctx.params, alibi_slopes, sinks, *ctx.dropout,
+                                    *ctx.block_sizes, *ctx.saved_tensors[9:])
+    return (dq, dk, dv) + (None,) * 11 + (_sinks_grad(sinks, dsinks),) + (None,) * 9
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -291,12 +335,13 @@ class _Attention(torch.autograd.Function):
     Eager calls come here; torch.compile traces the custom ops (attention() below)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, alibi_slopes, params, varlen, dropout):
-        out, lse = _forward(q, k, v, *params, varlen, alibi_slopes, sinks, dropout)
+    def forward(ctx, q, k, v, sinks, alibi_slopes, params, varlen, dropout, block_mask):
+        out, lse = _forward(q, k, v, *params, varlen, alibi_slopes, sinks, dropout, block_mask)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks,
                               *(varlen[:2] if varlen is not None else ()))
         ctx.params = params
         ctx.dropout = dropout
+        ctx.block_mask = block_mask
         ctx.varlen_sizes = varlen[2:] if varlen is not None else None
         ctx.mark_non_differentiable(lse)
         # lse has no gradient: without this autograd fills a zero dlse on every backward
@@ -307,13 +352,13 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         if dout is None:
-            return (None,) * 8
+            return (None,) * 9
         saved = ctx.saved_tensors
         q, k, v, out, lse, alibi_slopes, sinks = saved[:7]
         varlen = None if ctx.varlen_sizes is None else (saved[7], saved[8], *ctx.varlen_sizes)
         dq, dk, dv, dsinks = _backward(dout, q, k, v, out, lse, *ctx.params, varlen,
-                                       alibi_slopes, sinks, ctx.dropout)
-        return dq, dk, dv, _sinks_grad(sinks, dsinks), None, None, None, None
+                                       alibi_slopes, sinks, ctx.dropout, ctx.block_mask)
+        return dq, dk, dv, _sinks_grad(sinks, dsinks), None, None, None, None, None
 
 
 def _compiling() -> bool:
@@ -322,25 +367,26 @@ def _compiling() -> bool:
 
 
 def attention(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-              alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0)):
+              alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0), block_mask=None):
     """(out, lse): the custom op under torch.compile, the eager autograd function otherwise.
-    dropout: (p, seed, offset)."""
+    dropout: (p, seed, offset); block_mask: None or _capi.block_mask_parts() of one."""
     params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if _compiling():
-        return fwd(q, k, v, *params, alibi_slopes, sinks, *dropout)
-    return _Attention.apply(q, k, v, sinks, alibi_slopes, params, None, dropout)
+        return fwd(q, k, v, *params, alibi_slopes, sinks, *dropout, *_block_args(block_mask))
+    return _Attention.apply(q, k, v, sinks, alibi_slopes, params, None, dropout, block_mask)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                     alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0)):
+                     alibi_slopes=None, sinks=None, dropout=(0.0, 0, 0), block_mask=None):
     """Variable-length attention(): (out, lse (heads_q, total_q))."""
     params = (softmax_scale, causal, window_left, window_right, softcap, deterministic)
     if _compiling():
         return varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          *params, alibi_slopes, sinks, *dropout)
+                          *params, alibi_slopes, sinks, *dropout, *_block_args(block_mask))
     return _Attention.apply(q, k, v, sinks, alibi_slopes, params,
-                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout)
+                            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout,
+                            block_mask)
 
 
 # ----------------------------------------------------------------------------

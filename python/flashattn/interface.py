@@ -22,6 +22,13 @@ S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),
 float32: 1 / (1 - dropout_p) where kept, 0 where dropped (flash-attn encodes
 the same pattern in the sign of its S_dmask); None without dropout.
 
+Block-sparse attention (keyword block_mask=, host tensors, CPU backend for now): a
+FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
+flashattn.BlockMask (the same attributes over int32 NumPy arrays or tensors). Each
+query block visits only its listed key blocks; the element mask of the call (causal,
+window_size, sequence lengths) applies inside them, and the BlockMask's mask_mod is not
+evaluated: pass its equivalent as causal / window_size / cu_seqlens (docs/variants.md).
+
 Not implemented (NotImplementedError, never ignored): block_table in the non-cache
 functions; cache_leftpad and alibi_slopes in flash_attn_with_kvcache; dropout on
 NumPy arrays (call flashattn._capi.forward with dropout_seed/dropout_offset).
@@ -125,7 +132,7 @@ def _sinks_f32(sinks):
 
 
 def _numpy_forward(q, k, v, lse_shape, softmax_scale, causal, window, softcap, alibi_slopes,
-                   sinks, **varlen):
+                   sinks, block_mask=None, **varlen):
     import numpy as np
     q, k, v = (np.asarray(t) for t in (q, k, v))
     head_dim = q.shape[-1]
@@ -134,14 +141,14 @@ def _numpy_forward(q, k, v, lse_shape, softmax_scale, causal, window, softcap, a
     lse = np.empty(lse_shape, dtype=np.float32)
     _capi.forward(qp, kp, vp, out, lse, softmax_scale=softmax_scale, causal=causal,
                   window_size=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                  **varlen)
+                  block_mask=block_mask, **varlen)
     return out[..., :head_dim], lse
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, sinks=None):
-    """Exact attention (flash-attn 2.x signature, plus the keyword sinks).
+                    return_attn_probs=False, *, sinks=None, block_mask=None):
+    """Exact attention (flash-attn 2.x signature, plus the keywords sinks and block_mask).
 
     q: (batch_size, seqlen_q, nheads, headdim); k, v: (batch_size, seqlen_k, nheads_k, headdim),
     nheads a multiple of nheads_k (MQA/GQA). causal masks are aligned to the bottom right
@@ -151,6 +158,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     alibi_slopes (nheads,) or (batch_size, nheads) float32 adds -slope * |i + seqlen_k -
     seqlen_q - j| to the scores (after softcap). sinks (nheads,) float32: a logit per head in
     every row's softmax denominator (no value); softmax_lse includes it; differentiable.
+    block_mask: a FlexAttention BlockMask or flashattn.BlockMask (module docstring).
 
     Returns out (batch_size, seqlen_q, nheads, headdim), or with return_attn_probs
     (out, softmax_lse (batch_size, nheads, seqlen_q) float32, S_dmask=None).
@@ -163,7 +171,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         dropout = _dropout(dropout_p)
         out, lse = _torch_ops.attention(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
                                   bool(causal), window[0], window[1], float(softcap),
-                                  bool(deterministic), alibi_slopes, _sinks_f32(sinks), dropout)
+                                  bool(deterministic), alibi_slopes, _sinks_f32(sinks), dropout,
+                                  _capi.block_mask_parts(block_mask))
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
         s_dmask = _dropout_factors(q, dropout, q.shape[0], q.shape[2], q.shape[1], k.shape[1]) \
@@ -171,7 +180,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         return _result(out, lse, return_attn_probs, s_dmask)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap, alibi_slopes,
-                              sinks)
+                              sinks, block_mask)
     return _result(out, lse, return_attn_probs)
 
 
@@ -179,12 +188,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           sinks=None):
+                           sinks=None, block_mask=None):
     """Exact attention over variable-length sequences (flash-attn 2.x signature, plus sinks).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k int32
     (batch_size + 1,) cumulative sequence lengths, on q's device; max_seqlen_q/k bound every
-    sequence. Masks, alibi_slopes and sinks as in flash_attn_func, per sequence.
+    sequence. Masks, alibi_slopes and sinks as in flash_attn_func, per sequence; block_mask
+    too (query and key blocks counted within each sequence, lists of batch 1 or batch_size).
 
     Returns out (total_q, nheads, headdim), or with return_attn_probs
     (out, softmax_lse (nheads, total_q) float32, S_dmask=None).
@@ -200,7 +210,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                          _capi._int32(max_seqlen_q, "max_seqlen_q"),
                                          _capi._int32(max_seqlen_k, "max_seqlen_k"), scale, bool(causal), window[0],
                                          window[1], float(softcap), bool(deterministic),
-                                         alibi_slopes, _sinks_f32(sinks), dropout)
+                                         alibi_slopes, _sinks_f32(sinks), dropout,
+                                         _capi.block_mask_parts(block_mask))
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
         s_dmask = _dropout_factors(q, dropout, len(cu_seqlens_q) - 1, q.shape[1], int(max_seqlen_q),
@@ -208,52 +219,56 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return _result(out, lse, return_attn_probs, s_dmask)
     lse_shape = (q.shape[1], q.shape[0])
     out, lse = _numpy_forward(q, k, v, lse_shape, scale, causal, window, softcap, alibi_slopes,
-                              sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              sinks, block_mask, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     return _result(out, lse, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False, *, sinks=None):
+                              deterministic=False, return_attn_probs=False, *, sinks=None,
+                              block_mask=None):
     """qkv: (batch_size, seqlen, 3, nheads, headdim). See flash_attn_func."""
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
-                           return_attn_probs, sinks=sinks)
+                           return_attn_probs, sinks=sinks, block_mask=block_mask)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False, *, sinks=None):
+                             deterministic=False, return_attn_probs=False, *, sinks=None,
+                              block_mask=None):
     """q: (batch_size, seqlen_q, nheads, headdim); kv: (batch_size, seqlen_k, 2, nheads_k,
     headdim). See flash_attn_func."""
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                           sinks=sinks)
+                           sinks=sinks, block_mask=block_mask)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, sinks=None):
+                                     return_attn_probs=False, *, sinks=None,
+                              block_mask=None):
     """qkv: (total, 3, nheads, headdim). See flash_attn_varlen_func."""
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, sinks=sinks)
+                                  return_attn_probs, sinks=sinks, block_mask=block_mask)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False, *, sinks=None):
+                                    return_attn_probs=False, *, sinks=None,
+                              block_mask=None):
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim).
     See flash_attn_varlen_func."""
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, sinks=sinks)
+                                  return_attn_probs, sinks=sinks, block_mask=block_mask)
 
 
 def _cache_capacity(k_cache, block_table):

@@ -106,6 +106,7 @@ const char* fa_dtype_name(fa_dtype dtype) {
     case FA_F32: return "f32";
     case FA_F16: return "f16";
     case FA_BF16: return "bf16";
+    case FA_I32: return "i32";
   }
   return "unknown";
 }

@@ -68,7 +68,7 @@ inline uint16_t float_to_fp16(float f) {
   return sign | static_cast<uint16_t>(((r >> 13) - ((127 - 15) << 10)) & 0x7fffu);
 }
 
-inline size_t dtype_size(fa_dtype dtype) { return dtype == FA_F32 ? 4 : 2; }
+inline size_t dtype_size(fa_dtype dtype) { return dtype == FA_F32 || dtype == FA_I32 ? 4 : 2; }
 
 inline float load_as_float(const void* base, int64_t index, fa_dtype dtype) {
   switch (dtype) {

@@ -1,15 +1,25 @@
 #include "core/extras.h"
 
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "core/backends.h"
+#include "core/block_mask.h"
 #include "core/error.h"
 
 namespace flashattn {
 namespace {
+
+// NOTES: block_mask took the place of reserved[0..1] (8 bytes, 8-aligned on
+// LP64): callers built against the older header see the same size and
+// offsets, and their zeroed reserved fields read as "no block mask".
+static_assert(sizeof(void*) != 8 ||
+                  (offsetof(fa_extras, dropout_offset) == 40 && offsetof(fa_extras, block_mask) == 48 &&
+                   offsetof(fa_extras, reserved) == 56 && sizeof(fa_extras) == 80),
+              "fa_extras keeps its ABI layout");
 
 // An f32 tensor of shape (heads) or, where batch_ok, (batch, heads) on q's
 // device, contiguous in its last dimension.
@@ -154,7 +164,7 @@ fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, A
   p->dropout = Dropout::make(extras->dropout_p, extras->dropout_seed, extras->dropout_offset);
   if (extras->alibi_slopes != nullptr) FA_RETURN_IF_ERROR(apply_alibi(extras->alibi_slopes, q, p));
   if (extras->sinks != nullptr) FA_RETURN_IF_ERROR(apply_sinks(*extras, q, pass, p));
-  return FA_OK;
+  return apply_block_mask(extras->block_mask, p);
 }
 
 fa_status dropout_mask(const fa_extras* extras, fa_tensor* mask) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "attention/block_mask.h"
 #include "attention/dropout.h"
 #include "attention/host_device.h"
 #include "flashattn/flashattn.h"
@@ -81,6 +82,8 @@ struct AttentionParams {
   const float* sinks = nullptr;
   float* dsinks = nullptr;
   Dropout dropout;  // off unless fa_extras.dropout_p > 0 (attention/dropout.h)
+  // fa_extras.block_mask, validated host lists (attention/block_mask.h); off by default.
+  BlockMaskView block_mask;
 
   void* stream = nullptr;  // cudaStream_t
   int num_threads = 0;     // CPU backend
@@ -95,6 +98,7 @@ struct AttentionParams {
   FA_HOST_DEVICE bool has_alibi() const { return alibi_slopes != nullptr; }
   FA_HOST_DEVICE bool has_sinks() const { return sinks != nullptr; }
   FA_HOST_DEVICE bool has_dropout() const { return dropout.enabled(); }
+  FA_HOST_DEVICE bool has_block_mask() const { return block_mask.enabled(); }
   FA_HOST_DEVICE float alibi_slope(int b, int h) const {
     return alibi_slopes[b * alibi_batch_stride + h];
   }

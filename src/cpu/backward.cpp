@@ -14,6 +14,7 @@
 
 #include "core/backends.h"
 #include "core/parallel.h"
+#include "cpu/block_sparse.h"
 #include "cpu/tiles.h"
 
 namespace flashattn::cpu {
@@ -22,6 +23,7 @@ namespace {
 struct BackwardScratch {
   std::vector<float> q, dout, kt, vt, k, s, dp, pt, dst, grad, grad2, lse, row_d;
   bool has_empty_row = false;  // some loaded query row has lse = -inf (sees no key)
+  BlockScratch blocks;
   explicit BackwardScratch(int d)
       : q(kBlockQ * d), dout(kBlockQ * d), kt(d * kBlockK), vt(d * kBlockK), k(kBlockK * d),
         s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), pt(kBlockK * kBlockQ), dst(kBlockK * kBlockQ),
@@ -81,12 +83,12 @@ void compute_dsinks(const AttentionParams& p, const float* row_d) {
 // with dP = dO V^T; bh = b * heads_q + h (the dropout coordinates). Both P and
 // dS are exactly 0 at masked pairs (where exp(-inf - lse) is NaN for a NaN lse
 // and dP is NaN for a masked key's NaN V: neither may leak).
-void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
-                        int bh, int q0, int rows, int k0, int cols, BackwardScratch& w) {
-  const int d = p.head_dim;
+void recompute_p_and_ds(const AttentionParams& p, const TileMask& tile, const AlibiScore& alibi,
+                        int bh, int rows, int cols, BackwardScratch& w) {
+  const int d = p.head_dim, q0 = tile.q0, k0 = tile.k0;
   matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());  // S = scale * Q K^T
   for (int i = 0; i < rows * kBlockK; ++i) w.s[i] *= p.scale;
-  finish_scores(p, mask, alibi, q0, rows, k0, cols, w.s.data());
+  finish_scores(p, tile, alibi, rows, cols, w.s.data());
   matmul_a_bt(w.dout.data(), w.vt.data(), rows, d, w.dp.data());  // dP = dO V^T
   const SoftcapScore cap{p.softcap};
   float softcap_grad[kBlockK];  // d/du [c tanh(u/c)] per key of one row (score_mod.h)
@@ -117,18 +119,17 @@ void recompute_p_and_ds(const AttentionParams& p, const MaskPolicy& mask, const 
       s[j] *= zj;
     }
   }
-  if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
+  if (tile.full()) return;
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < kBlockK; ++j)
-      if (j >= cols || !mask.visible(q0 + i, k0 + j)) w.s[i * kBlockK + j] = w.dp[i * kBlockK + j] = 0.0f;
+      if (j >= cols || !tile.visible(i, j)) w.s[i * kBlockK + j] = w.dp[i * kBlockK + j] = 0.0f;
 }
 
 // Whether the products of a (query tile, key tile) pair must skip masked
 // pairs (tiles.h, accumulate_p_b): some pair is masked or some row sees no
 // key, and the operand `b` of rows x d values is not all finite.
-bool needs_exact(const MaskPolicy& mask, int q0, int rows, int k0, const BackwardScratch& w,
-                 const float* b, int b_rows, int d) {
-  const bool partly_masked = !mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK) || w.has_empty_row;
+bool needs_exact(const TileMask& tile, const BackwardScratch& w, const float* b, int b_rows, int d) {
+  const bool partly_masked = !tile.full() || w.has_empty_row;
   return partly_masked && !all_finite(b, b_rows * d);
 }
 
@@ -155,37 +156,38 @@ void store_rows(const AttentionParams& p, void* base, int64_t batch_stride, int6
 }
 
 // dV = sum P^T dO ; dK = sum dS^T (scale folded into dS) Q, over the group's query heads.
-void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, int k_tile,
-               BackwardScratch& w) {
+void dkdv_tile(const AttentionParams& p, const BlockLists& blocks, const float* row_d_all, int b, int hk,
+               int k_tile, BackwardScratch& w) {
   const SequenceInfo seq = sequence_info(p, b);
   const MaskPolicy mask = mask_for(p, seq);
   const int d = p.head_dim;
   const int k0 = k_tile * kBlockK;
   const int cols = std::min(kBlockK, seq.seqlen_k - k0);
   if (cols <= 0) return;
-  load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
-  load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
+  // With a block mask, keys no query block of the group lists are not read
+  // (zeros; their dK, dV rows stay 0: no query tile sees them).
+  const uint8_t* keys = blocks.listed_keys(b, hk * p.group_size(), p.group_size(), k0, cols, w.blocks);
+  load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data(), keys);
+  load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data(), keys);
   std::vector<float>& dk = w.grad;
   std::vector<float>& dv = w.grad2;
   std::fill(dk.begin(), dk.end(), 0.0f);
   std::fill(dv.begin(), dv.end(), 0.0f);
-  const int q_begin = mask.query_begin(k0), q_end = mask.query_end(k0 + cols);
   for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     const AlibiScore alibi = alibi_for(p, seq, b, h);
-    for (int q0 = q_begin / kBlockQ * kBlockQ; q0 < q_end; q0 += kBlockQ) {
-      const int rows = std::min(kBlockQ, seq.seqlen_q - q0);
+    for_each_query_tile(blocks, b, h, mask, k0, cols, w.blocks, [&](int q0, int rows, const TileMask& tile) {
       load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
-      recompute_p_and_ds(p, mask, alibi, b * p.heads_q + h, q0, rows, k0, cols, w);
+      recompute_p_and_ds(p, tile, alibi, b * p.heads_q + h, rows, cols, w);
       // dV += P^T dO ; dK += dS^T Q (the transposes make them the forward's P V product)
       transpose_tile(w.s.data(), rows, w.pt.data());
       transpose_tile(w.dp.data(), rows, w.dst.data());
       // Transposed products: row j of P^T is key k0 + j, column i is query q0 + i.
-      const auto visible = [&](int j, int i) { return w.lse[i] != kNegInf && mask.visible(q0 + i, k0 + j); };
+      const auto visible = [&](int j, int i) { return w.lse[i] != kNegInf && tile.visible(i, j); };
       accumulate_p_b(w.pt.data(), w.dout.data(), cols, rows, d, dv.data(),
-                     needs_exact(mask, q0, rows, k0, w, w.dout.data(), rows, d), visible);
-      accumulate_p_b(w.dst.data(), w.q.data(), cols, rows, d, dk.data(),
-                     needs_exact(mask, q0, rows, k0, w, w.q.data(), rows, d), visible);
-    }
+                     needs_exact(tile, w, w.dout.data(), rows, d), visible);
+      accumulate_p_b(w.dst.data(), w.q.data(), cols, rows, d, dk.data(), needs_exact(tile, w, w.q.data(), rows, d),
+                     visible);
+    });
   }
   store_rows(p, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, b, seq.row_k, k0, cols,
              hk, dk.data());
@@ -194,8 +196,8 @@ void dkdv_tile(const AttentionParams& p, const float* row_d_all, int b, int hk, 
 }
 
 // dQ = sum dS K (scale folded into dS).
-void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int q_tile,
-             BackwardScratch& w) {
+void dq_tile(const AttentionParams& p, const BlockLists& blocks, const float* row_d_all, int b, int h,
+             int q_tile, BackwardScratch& w) {
   const SequenceInfo seq = sequence_info(p, b);
   const MaskPolicy mask = mask_for(p, seq);
   const AlibiScore alibi = alibi_for(p, seq, b, h);
@@ -206,18 +208,14 @@ void dq_tile(const AttentionParams& p, const float* row_d_all, int b, int h, int
   load_query_side(p, row_d_all, b, seq, h, q0, rows, w);
   std::vector<float>& dq = w.grad;  // kBlockQ == kBlockK rows
   std::fill(dq.begin(), dq.end(), 0.0f);
-  const int k_begin = mask.key_begin(q0), k_end = mask.key_end(q0 + rows);
-  for (int k0 = k_begin / kBlockK * kBlockK; k0 < k_end; k0 += kBlockK) {
-    const int cols = std::min(kBlockK, seq.seqlen_k - k0);
-    load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data());
-    load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data());
-    load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data());
-    recompute_p_and_ds(p, mask, alibi, b * p.heads_q + h, q0, rows, k0, cols, w);
-    accumulate_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data(),
-                   needs_exact(mask, q0, rows, k0, w, w.k.data(), cols, d), [&](int i, int j) {
-                     return w.lse[i] != kNegInf && mask.visible(q0 + i, k0 + j);
-                   });
-  }
+  for_each_key_tile(blocks, b, h, mask, q0, rows, w.blocks, [&](int k0, int cols, const TileMask& tile) {
+    load_tile_transposed(p, k_rows(p), b, seq.row_k, k0, cols, hk, w.kt.data(), tile.keys);
+    load_tile_transposed(p, v_rows(p), b, seq.row_k, k0, cols, hk, w.vt.data(), tile.keys);
+    load_tile(p, k_rows(p), b, seq.row_k, k0, cols, kBlockK, hk, 1.0f, w.k.data(), tile.keys);
+    recompute_p_and_ds(p, tile, alibi, b * p.heads_q + h, rows, cols, w);
+    accumulate_p_b(w.dp.data(), w.k.data(), rows, cols, d, dq.data(), needs_exact(tile, w, w.k.data(), cols, d),
+                   [&](int i, int j) { return w.lse[i] != kNegInf && tile.visible(i, j); });
+  });
   store_rows(p, p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, b, seq.row_q, q0, rows,
              h, dq.data());
 }
@@ -241,12 +239,13 @@ fa_status backward(const AttentionParams& p) {
   if (p.has_sinks()) compute_dsinks(p, row_d);
 
   const int threads = resolve_thread_count(p.num_threads);
+  const BlockLists blocks(p, true);
   std::vector<BackwardScratch> scratch(static_cast<size_t>(threads), BackwardScratch(p.head_dim));
   const int k_tiles = ceil_div(p.seqlen_k, kBlockK);
   parallel_for(static_cast<int64_t>(p.batch) * p.heads_kv * k_tiles, threads,
                [&](int64_t item, int t) {
                  const int64_t bh = item / k_tiles;
-                 dkdv_tile(p, row_d, static_cast<int>(bh / p.heads_kv),
+                 dkdv_tile(p, blocks, row_d, static_cast<int>(bh / p.heads_kv),
                            static_cast<int>(bh % p.heads_kv), static_cast<int>(item % k_tiles),
                            scratch[t]);
                });
@@ -254,7 +253,7 @@ fa_status backward(const AttentionParams& p) {
   parallel_for(static_cast<int64_t>(p.batch) * p.heads_q * q_tiles, threads,
                [&](int64_t item, int t) {
                  const int64_t bh = item / q_tiles;
-                 dq_tile(p, row_d, static_cast<int>(bh / p.heads_q),
+                 dq_tile(p, blocks, row_d, static_cast<int>(bh / p.heads_q),
                          static_cast<int>(bh % p.heads_q), static_cast<int>(item % q_tiles),
                          scratch[t]);
                });

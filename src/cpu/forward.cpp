@@ -41,10 +41,11 @@ size_t forward_workspace_size(const AttentionParams& p) {
 fa_status forward(const AttentionParams& p) {
   const int q_tiles = ceil_div(p.seqlen_q, kBlockQ);
   const int64_t items = static_cast<int64_t>(p.batch) * p.heads_q * q_tiles;
+  const BlockLists blocks(p, false);
   for_each_tile(p, items, [&](int64_t item, ForwardScratch& w) {
     const int64_t bh = item / q_tiles;
     const StridedRows rows(p, static_cast<int>(bh / p.heads_q), static_cast<int>(bh % p.heads_q));
-    forward_tile(p, rows, static_cast<int>(item % q_tiles), w);
+    forward_tile(p, rows, static_cast<int>(item % q_tiles), w, blocks);
   });
   return FA_OK;
 }

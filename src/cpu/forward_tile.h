@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "cpu/block_sparse.h"
 #include "cpu/tiles.h"
 
 namespace flashattn::cpu {
 
 struct ForwardScratch {
   std::vector<float> q, kt, v, s, acc, row_max, row_sum;
+  BlockScratch blocks;
   explicit ForwardScratch(int d)
       : q(kBlockQ * d), kt(d * kBlockK), v(kBlockK * d), s(kBlockQ * kBlockK), acc(kBlockQ * d),
         row_max(kBlockQ), row_sum(kBlockQ) {}
@@ -77,8 +79,10 @@ void store_tile(const AttentionParams& p, const Rows& rows_of, int q0, int rows,
   }
 }
 
+// `blocks`: the call's block mask (disabled when it has none, as on the KV-cache path).
 template <typename Rows>
-void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, ForwardScratch& w) {
+void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, ForwardScratch& w,
+                  const BlockLists& blocks) {
   const MaskPolicy& mask = rows_of.mask;
   const AlibiScore alibi{p.has_alibi() ? p.alibi_slope(rows_of.b, rows_of.h) : 0.0f, mask.diagonal_offset()};
   const int d = p.head_dim;
@@ -93,22 +97,21 @@ void forward_tile(const AttentionParams& p, const Rows& rows_of, int q_tile, For
   std::fill(w.row_sum.begin(), w.row_sum.end(), 0.0f);
 
   // Only key tiles some row of this tile can see; the rest are skipped.
-  const int k_begin = mask.key_begin(q0), k_end = mask.key_end(q0 + rows);
-  for (int k0 = k_begin / kBlockK * kBlockK; k0 < k_end; k0 += kBlockK) {
-    const int cols = std::min(kBlockK, mask.seqlen_k - k0);
-    load_rows_transposed(p, rows_of.k_base, [&](int j) { return rows_of.k(j); }, k0, cols, w.kt.data());
+  for_each_key_tile(blocks, rows_of.b, rows_of.h, mask, q0, rows, w.blocks, [&](int k0, int cols, const TileMask& tile) {
+    // Keys of blocks nobody here lists (tile.keys) are not read: zeros, masked below.
+    load_rows_transposed(p, rows_of.k_base, [&](int j) { return rows_of.k(j); }, k0, cols, w.kt.data(), tile.keys);
     load_rows(p, rows_of.v_base, [&](int j) { return rows_of.v(j); }, k0, cols, kBlockK, 1.0f,
-              w.v.data());
+              w.v.data(), tile.keys);
     // S = (scale * Q) K^T, softcapped and masked
     matmul_a_bt(w.q.data(), w.kt.data(), rows, d, w.s.data());
-    finish_scores(p, mask, alibi, q0, rows, k0, cols, w.s.data());
+    finish_scores(p, tile, alibi, rows, cols, w.s.data());
     online_softmax_step(p, rows_of.b * p.heads_q + rows_of.h, q0, k0, rows, d, w);
     // O += P V; over visible pairs only where the tile is partly masked and V
     // holds a non-finite value (0 x NaN at a masked key would leak: tiles.h).
-    const bool exact = !mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK) && !all_finite(w.v.data(), cols * d);
+    const bool exact = !tile.full() && !all_finite(w.v.data(), cols * d);
     accumulate_p_b(w.s.data(), w.v.data(), rows, cols, d, w.acc.data(), exact,
-                   [&](int i, int j) { return mask.visible(q0 + i, k0 + j); });
-  }
+                   [&](int i, int j) { return tile.visible(i, j); });
+  });
   store_tile(p, rows_of, q0, rows, w);
 }
 

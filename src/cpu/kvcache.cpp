@@ -135,12 +135,13 @@ fa_status forward_kvcache(const KvCacheParams& kp) {
   const void* rotated = kp.has_rotary() ? q_copy.data() : nullptr;
   const int q_tiles = ceil_div(p.seqlen_q, kBlockQ);
   const int64_t items = static_cast<int64_t>(p.batch) * p.heads_q * q_tiles;
+  const BlockLists no_block_mask(p, false);  // the KV-cache call takes none
   for_each_tile(p, items, [&](int64_t item, ForwardScratch& w) {
     const int64_t bh = item / q_tiles;
     const int b = static_cast<int>(bh / p.heads_q);
     if (!valid[b]) return;
     forward_tile(p, CacheRows(kp, rotated, b, static_cast<int>(bh % p.heads_q)),
-                 static_cast<int>(item % q_tiles), w);
+                 static_cast<int>(item % q_tiles), w, no_block_mask);
   });
   for (int b = 0; b < p.batch; ++b) {
     if (!valid[b]) poison_sequence(kp, b);

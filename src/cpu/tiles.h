@@ -59,12 +59,18 @@ inline void with_loader(fa_dtype dtype, Fn&& fn) {
 
 // dst[r][c] = base[offset(row0 + r) + c] * multiplier, rows beyond `rows`
 // zero-filled to `tile_rows`; offset(row) is the element offset of a row's head.
+// With `keep`, a row r with keep[r] == 0 is zero-filled and never read (keys
+// of blocks a block mask leaves out: no memory traffic).
 template <typename OffsetFn>
 inline void load_rows(const AttentionParams& p, const void* base, OffsetFn offset, int row0,
-                      int rows, int tile_rows, float multiplier, float* dst) {
+                      int rows, int tile_rows, float multiplier, float* dst, const uint8_t* keep = nullptr) {
   const int d = p.head_dim;
   with_loader(p.dtype, [&](auto load) {
     for (int r = 0; r < rows; ++r) {
+      if (keep != nullptr && keep[r] == 0) {
+        std::fill(dst + r * d, dst + (r + 1) * d, 0.0f);
+        continue;
+      }
       const int64_t off = offset(row0 + r);
       for (int c = 0; c < d; ++c) dst[r * d + c] = load(base, off + c) * multiplier;
     }
@@ -72,15 +78,17 @@ inline void load_rows(const AttentionParams& p, const void* base, OffsetFn offse
   std::fill(dst + rows * d, dst + tile_rows * d, 0.0f);
 }
 
-// dst[c][r] = base[offset(row0 + r) + c]: K^T, so S = Q K^T runs its inner loop over keys.
+// dst[c][r] = base[offset(row0 + r) + c]: K^T, so S = Q K^T runs its inner loop
+// over keys; `keep` as for load_rows.
 template <typename OffsetFn>
 inline void load_rows_transposed(const AttentionParams& p, const void* base, OffsetFn offset,
-                                 int row0, int rows, float* dst) {
+                                 int row0, int rows, float* dst, const uint8_t* keep = nullptr) {
   const int d = p.head_dim;
   with_loader(p.dtype, [&](auto load) {
     for (int r = 0; r < rows; ++r) {
-      const int64_t off = offset(row0 + r);
-      for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = load(base, off + c);
+      const bool skip = keep != nullptr && keep[r] == 0;
+      const int64_t off = skip ? 0 : offset(row0 + r);
+      for (int c = 0; c < d; ++c) dst[c * kBlockK + r] = skip ? 0.0f : load(base, off + c);
     }
   });
   for (int c = 0; c < d; ++c) std::fill(dst + c * kBlockK + rows, dst + (c + 1) * kBlockK, 0.0f);
@@ -96,14 +104,16 @@ inline auto row_offsets(const AttentionParams& p, const RowTensor& t, int b, int
 }
 
 inline void load_tile(const AttentionParams& p, const RowTensor& t, int b, int64_t seq_first_row,
-                      int row0, int rows, int tile_rows, int head, float multiplier, float* dst) {
+                      int row0, int rows, int tile_rows, int head, float multiplier, float* dst,
+                      const uint8_t* keep = nullptr) {
   load_rows(p, t.data, row_offsets(p, t, b, seq_first_row, head), row0, rows, tile_rows,
-            multiplier, dst);
+            multiplier, dst, keep);
 }
 
 inline void load_tile_transposed(const AttentionParams& p, const RowTensor& t, int b,
-                                 int64_t seq_first_row, int row0, int rows, int head, float* dst) {
-  load_rows_transposed(p, t.data, row_offsets(p, t, b, seq_first_row, head), row0, rows, dst);
+                                 int64_t seq_first_row, int row0, int rows, int head, float* dst,
+                                 const uint8_t* keep = nullptr) {
+  load_rows_transposed(p, t.data, row_offsets(p, t, b, seq_first_row, head), row0, rows, dst, keep);
 }
 
 // The dense inner loops, in kernels.cpp (compiled for AVX2+FMA where the CPU has
@@ -119,22 +129,45 @@ void matmul_acc_p_b(const float* p, const float* b, int rows, int cols, int d, f
 // anything below 2^-126); returns their sum.
 float exp_shifted(float* s, float shift);
 
-// Scores in place: softcap, the ALiBi term, then -inf outside the mask (tile
-// origin q0, k0). Partially visible tiles pay for the mask; fully visible ones skip it.
-inline void finish_scores(const AttentionParams& p, const MaskPolicy& mask, const AlibiScore& alibi,
-                          int q0, int rows, int k0, int cols, float* s) {
+// The visibility of the pairs of one (query tile at q0, key tile at k0):
+// the element mask, and where `allowed` is set, only the pairs it marks
+// ([kBlockQ][kBlockK], 1 = block listed).
+struct TileMask {
+  const MaskPolicy* mask;
+  int q0, k0;
+  TileClass cls;                    // kFull: every pair visible, no per-element test
+  const uint8_t* allowed = nullptr;  // null: every pair's block is listed
+  const uint8_t* keys = nullptr;     // null: every key is read; else keys[j] = 0: key k0 + j is in no listed block
+
+  bool full() const { return cls == TileClass::kFull; }
+  bool visible(int i, int j) const {
+    return mask->visible(q0 + i, k0 + j) && (allowed == nullptr || allowed[i * kBlockK + j] != 0);
+  }
+};
+
+// The tile with the element mask alone.
+inline TileMask element_tile(const MaskPolicy& mask, int q0, int rows, int k0) {
+  const bool full = mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK);
+  return {&mask, q0, k0, full ? TileClass::kFull : TileClass::kPartial, nullptr};
+}
+
+// Scores in place: softcap, the ALiBi term, then -inf outside the mask.
+// Partially visible tiles pay for the mask; fully visible ones skip it.
+inline void finish_scores(const AttentionParams& p, const TileMask& tile, const AlibiScore& alibi, int rows,
+                          int cols, float* s) {
   if (p.softcap > 0) {
     const SoftcapScore cap{p.softcap};
     for (int i = 0; i < rows * kBlockK; ++i) s[i] = cap(s[i]);
   }
   if (p.has_alibi()) {
     for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < kBlockK; ++j) s[i * kBlockK + j] = alibi(s[i * kBlockK + j], q0 + i, k0 + j);
+      for (int j = 0; j < kBlockK; ++j)
+        s[i * kBlockK + j] = alibi(s[i * kBlockK + j], tile.q0 + i, tile.k0 + j);
   }
-  if (mask.tile_fully_visible(q0, q0 + rows, k0, k0 + kBlockK)) return;
+  if (tile.full()) return;
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < kBlockK; ++j)
-      if (j >= cols || !mask.visible(q0 + i, k0 + j)) s[i * kBlockK + j] = kNegInf;
+      if (j >= cols || !tile.visible(i, j)) s[i * kBlockK + j] = kNegInf;
 }
 
 // z[j] = the dropout factor of row i for keys k0 .. k0 + kBlockK - 1 (1 / (1 - p)

@@ -42,17 +42,59 @@ double dot(const double* a, const double* b, int n) {
   return s;
 }
 
+// Which (i, j) of one (sequence b, query head h) are visible: the element
+// mask, and with a block mask (fa_block_mask) only where block
+// (i / block_q, j / block_k) is listed, as partial or as full.
+struct Visibility {
+  MaskPolicy mask;
+  bool blocked = false;      // a block mask applies
+  int block_q = 1, block_k = 1, k_blocks = 0;
+  std::vector<char> listed;  // [q_blocks][k_blocks], when blocked
+  bool operator()(int i, int j) const {
+    if (!mask.visible(i, j)) return false;
+    return !blocked || listed[static_cast<size_t>(i / block_q) * k_blocks + j / block_k] != 0;
+  }
+};
+
+// Marks the blocks one list names for (b, h) (broadcast dimensions of size 1
+// read their only row).
+void mark_listed(const BlockMaskView& m, const BlockList& l, int b, int h, std::vector<char>& listed) {
+  if (l.counts == nullptr) return;
+  const int lb = m.batch == 1 ? 0 : b, lh = m.heads == 1 ? 0 : h;
+  for (int qb = 0; qb < m.q_blocks; ++qb) {
+    for (int n = 0; n < l.count(lb, lh, qb); ++n) {
+      listed[static_cast<size_t>(qb) * m.k_blocks + l.index(lb, lh, qb, n)] = 1;
+    }
+  }
+}
+
+Visibility visibility_of(const AttentionParams& p, const MaskPolicy& mask, int b, int h) {
+  Visibility v;
+  v.mask = mask;
+  const BlockMaskView& m = p.block_mask;
+  if (!p.has_block_mask()) return v;
+  v.blocked = true;
+  v.block_q = m.block_q;
+  v.block_k = m.block_k;
+  v.k_blocks = m.k_blocks;
+  v.listed.assign(static_cast<size_t>(m.q_blocks) * m.k_blocks, 0);
+  mark_listed(m, m.partial, b, h, v.listed);
+  mark_listed(m, m.full, b, h, v.listed);
+  return v;
+}
+
 // Scores of query row i against every key: softcap(scale * q.k) minus the
 // ALiBi distance penalty, -inf where masked; capped[j] gets the score before
 // the ALiBi term (softcap's derivative is a function of it). Returns the
 // number of visible keys.
-int score_row(const AttentionParams& p, const MaskPolicy& mask, double alibi_slope,
+int score_row(const AttentionParams& p, const Visibility& visible_at, double alibi_slope,
               const Rounder& round, const double* q_row, const std::vector<double>& k, int i,
               std::vector<double>& s, std::vector<double>& capped) {
+  const MaskPolicy& mask = visible_at.mask;
   const int d = p.head_dim;
   int visible = 0;
   for (int j = 0; j < mask.seqlen_k; ++j) {
-    if (!mask.visible(i, j)) {
+    if (!visible_at(i, j)) {
       s[j] = kNegInf;
       continue;
     }
@@ -122,16 +164,17 @@ void attend_head(const AttentionParams& p, const MaskPolicy& mask, const Rounder
   const int d = p.head_dim;
   std::vector<double> s(mask.seqlen_k), capped(mask.seqlen_k), prob(mask.seqlen_k);
   const double sink = sink_of(p, h), slope = slope_of(p, b, h);
+  const Visibility visible = visibility_of(p, mask, b, h);
   for (int i = 0; i < mask.seqlen_q; i += row_stride) {
     const int64_t row = first_row + i;
-    score_row(p, mask, slope, round, &q[static_cast<size_t>(i) * d], k, i, s, capped);
+    score_row(p, visible, slope, round, &q[static_cast<size_t>(i) * d], k, i, s, capped);
     const double lse = softmax_row(s, mask.seqlen_k, sink, prob);
     if (lse == kNegInf) continue;  // no visible key (or only -inf scores) and no sink: out 0
     r.lse[static_cast<size_t>(h) * p.total_q + row] = lse;
     double* o = &r.out[(static_cast<size_t>(row) * p.heads_q + h) * d];
     // Every visible key enters, even at weight 0 (0 x NaN = NaN); masked keys never do.
     for (int j = 0; j < mask.seqlen_k; ++j) {
-      if (!mask.visible(i, j)) continue;
+      if (!visible(i, j)) continue;
       const double pj = round(round(prob[j]) * dropout_factor(p, b, h, i, j));
       for (int c = 0; c < d; ++c) o[c] += pj * v[static_cast<size_t>(j) * d + c];
     }
@@ -269,6 +312,7 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
     std::vector<double> s(sk), capped(sk), prob(sk), dp(sk);
     for (int h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
       const double sink = sink_of(p, h), slope = slope_of(p, b, h);
+      const Visibility visible = visibility_of(p, mask, b, h);
       const auto q = load_rows(p.q, p.dtype, p, b, seq.row_q, seq.seqlen_q, h, p.q_batch_stride,
                                p.q_row_stride, p.q_head_stride);
       const auto dout = load_rows(p.dout, p.dtype, p, b, seq.row_q, seq.seqlen_q, h,
@@ -276,14 +320,14 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
       for (int i = 0; i < seq.seqlen_q; ++i) {
         const double* qi = &q[static_cast<size_t>(i) * d];
         const double* doi = &dout[static_cast<size_t>(i) * d];
-        if (score_row(p, mask, slope, round, qi, k, i, s, capped) == 0) continue;  // no key: zero gradients
+        if (score_row(p, visible, slope, round, qi, k, i, s, capped) == 0) continue;  // no key: zero gradients
         const double lse = softmax_row(s, sk, sink, prob);
         if (lse == kNegInf) continue;  // only -inf scores and no sink: likewise
         // dP = dO V^T, through dropout z dP; D = rowsum(P * z * dP) (= rowsum(dO * O)),
         // over visible keys only (every one enters, even at weight 0: 0 x NaN = NaN)
         double row_d = 0;
         for (int j = 0; j < sk; ++j) {
-          if (!mask.visible(i, j)) continue;
+          if (!visible(i, j)) continue;
           prob[j] = round(prob[j]);
           dp[j] = round(dot(doi, &v[static_cast<size_t>(j) * d], d) * dropout_factor(p, b, h, i, j));
           row_d += prob[j] * dp[j];
@@ -295,7 +339,7 @@ BackwardResult backward(const AttentionParams& p, Precision precision) {
         }
         double* dqi = &r.dq[(static_cast<size_t>(seq.row_q + i) * p.heads_q + h) * d];
         for (int j = 0; j < sk; ++j) {
-          if (!mask.visible(i, j)) continue;
+          if (!visible(i, j)) continue;
           // dS = P * (dP - D); through softcap: d/du [c tanh(u/c)] = 1 - (s/c)^2; then scale.
           double ds = round(prob[j] * (dp[j] - row_d));
           if (p.softcap > 0) {

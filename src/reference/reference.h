@@ -1,6 +1,7 @@
 // Naive attention that materializes S and P, forward and backward, with every
-// option of the API (softcap, ALiBi and sinks written out here on their own,
-// not through the attention/ policy types the backends use). It is what every backend is tested against.
+// option of the API (softcap, ALiBi, sinks and the block mask's visibility
+// written out here on their own, not through the attention/ policy types or
+// the block walks the backends use). It is what every backend is tested against.
 //
 // Inputs are read through AttentionParams (host pointers, any dtype, any
 // strides); results come back in a canonical layout:

@@ -92,6 +92,42 @@ void fill_uniform(HostTensor& t, std::mt19937_64& rng, float lo, float hi) {
   for (size_t i = 0; i < t.bytes.size() / sizeof(float); ++i) x[i] = u(rng);
 }
 
+// Random classes for c's block mask (Case::block_density).
+BlockClasses random_block_classes(const Case& c, std::mt19937_64& rng) {
+  BlockClasses bc(c.block_q, c.block_k, c.block_shared ? 1 : c.batch, c.block_shared ? 1 : c.heads_q, c.seqlen_q,
+                  c.seqlen_k);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (uint8_t& x : bc.cls) {
+    const bool listed = u(rng) < c.block_density;  // density 1 lists every pair, 0 none
+    x = listed ? (u(rng) < 0.5 ? 2 : 1) : 0;
+  }
+  return bc;
+}
+
+// An int32 (batch, heads, q_blocks[, capacity]) host tensor of the lists.
+HostTensor make_list_tensor(const BlockClasses& bc, int capacity) {
+  return capacity < 0 ? make_host_tensor(FA_I32, {bc.batch, bc.heads, bc.q_blocks})
+                      : make_host_tensor(FA_I32, {bc.batch, bc.heads, bc.q_blocks, capacity});
+}
+
+// Fills counts and indices with the blocks of class `kind`, shuffled; the
+// slots past a count get values outside [0, k_blocks).
+void fill_lists(const BlockClasses& bc, uint8_t kind, std::mt19937_64& rng, HostTensor& counts, HostTensor& indices) {
+  int32_t* n = reinterpret_cast<int32_t*>(counts.bytes.data());
+  int32_t* idx = reinterpret_cast<int32_t*>(indices.bytes.data());
+  const int capacity = static_cast<int>(indices.desc.shape[3]);
+  for (int64_t row = 0; row < int64_t{bc.batch} * bc.heads * bc.q_blocks; ++row) {
+    std::vector<int32_t> listed;
+    for (int kb = 0; kb < bc.k_blocks; ++kb)
+      if (bc.cls[static_cast<size_t>(row) * bc.k_blocks + kb] == kind) listed.push_back(kb);
+    std::shuffle(listed.begin(), listed.end(), rng);
+    n[row] = static_cast<int32_t>(listed.size());
+    for (int e = 0; e < capacity; ++e) {
+      idx[row * capacity + e] = e < n[row] ? listed[e] : (e % 2 ? -1 - e : bc.k_blocks + e);
+    }
+  }
+}
+
 Comparison finish(Comparison c, double atol) {
   c.tolerance = 2.0 * c.baseline_error + atol;  // reference::tolerance with a chosen atol
   c.ok = c.nan_count == 0 && c.max_error <= c.tolerance;
@@ -113,6 +149,7 @@ std::string Case::name() const {
   if (alibi != Alibi::kOff) s << (alibi == Alibi::kPerHead ? "_alibi" : "_alibib");
   if (sinks) s << "_sinks";
   if (dropout_p > 0) s << "_drop" << dropout_p;
+  if (block_q > 0) s << "_bs" << block_q << "x" << block_k << "_dens" << block_density << (block_shared ? "_shared" : "");
   s << "_s" << seed;
   // Test names allow only letters, digits and '_'.
   std::string name = s.str();
@@ -163,6 +200,7 @@ Problem make_problem(const Case& c_in) {
     p.sinks = make_per_head(c.batch, c.heads_q, false);
     fill(p.sinks, rng, 2.0);
   }
+  if (c.block_q > 0) set_block_mask(p, random_block_classes(c, rng));
   p.varlen.cu_seqlens_q = p.cu_seqlens_q.data();
   p.varlen.cu_seqlens_k = p.cu_seqlens_k.data();
   p.varlen.batch = c.batch;
@@ -187,6 +225,13 @@ fa_extras Problem::extras() const {
   e.dropout_p = c.dropout_p;
   e.dropout_seed = c.seed * 0x9e3779b97f4a7c15ull;  // both key words vary with the case
   e.dropout_offset = kDropoutOffset;
+  if (use_block_mask) {
+    block_mask.kv_num_blocks = &kv_num_blocks.desc;
+    block_mask.kv_indices = &kv_indices.desc;
+    block_mask.full_kv_num_blocks = &full_kv_num_blocks.desc;
+    block_mask.full_kv_indices = &full_kv_indices.desc;
+    e.block_mask = &block_mask;
+  }
   return e;
 }
 
@@ -342,6 +387,25 @@ void expect_gradients_match(const Problem& p, const HostTensor& dq, const HostTe
     const Comparison c = compare_rows(*got, *exact, *naive, atol, nan_exact);
     EXPECT_TRUE(c.ok) << c.describe(name);
   }
+}
+
+BlockClasses::BlockClasses(int bq, int bk, int b, int h, int seqlen_q, int seqlen_k)
+    : block_q(bq), block_k(bk), batch(b), heads(h), q_blocks((seqlen_q + bq - 1) / bq),
+      k_blocks((seqlen_k + bk - 1) / bk),
+      cls(static_cast<size_t>(b) * h * q_blocks * k_blocks, 0) {}
+
+void set_block_mask(Problem& p, const BlockClasses& bc) {
+  std::mt19937_64 rng(p.c.seed * 31 + 17);
+  p.kv_num_blocks = make_list_tensor(bc, -1);
+  p.kv_indices = make_list_tensor(bc, bc.k_blocks + 2);
+  p.full_kv_num_blocks = make_list_tensor(bc, -1);
+  p.full_kv_indices = make_list_tensor(bc, bc.k_blocks);
+  fill_lists(bc, 1, rng, p.kv_num_blocks, p.kv_indices);
+  fill_lists(bc, 2, rng, p.full_kv_num_blocks, p.full_kv_indices);
+  p.block_mask = fa_block_mask{};
+  p.block_mask.block_q = bc.block_q;
+  p.block_mask.block_k = bc.block_k;
+  p.use_block_mask = true;
 }
 
 HostTensor make_host_tensor(fa_dtype dtype, const std::vector<int64_t>& shape) {

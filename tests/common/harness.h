@@ -43,6 +43,14 @@ struct Case {
   bool sinks = false;
   float dropout_p = 0.0f;  // with seed `seed` and offset 7 (fa_extras)
   uint64_t seed = 1;
+  // Block mask (fa_block_mask), on when block_q > 0: each (query block, key
+  // block) pair listed with probability block_density, about half of the
+  // listed ones as "full"; lists per (sequence, head), or one list set shared
+  // by all (B = H = 1) with block_shared.
+  int block_q = 0;
+  int block_k = 0;
+  double block_density = 1.0;
+  bool block_shared = false;
 
   bool is_varlen() const { return !varlen_q.empty(); }
   std::string name() const;
@@ -61,6 +69,18 @@ struct HostTensor {
 // A contiguous, zero-filled host tensor of `shape`.
 HostTensor make_host_tensor(fa_dtype dtype, const std::vector<int64_t>& shape);
 
+// A block mask by class: cls[((b * heads + h) * q_blocks + qb) * k_blocks + kb]
+// is 0 (not listed), 1 (partial) or 2 (full), for lists of shape (batch, heads, ...).
+struct BlockClasses {
+  int block_q = 0, block_k = 0;
+  int batch = 1, heads = 1, q_blocks = 0, k_blocks = 0;
+  std::vector<uint8_t> cls;
+  BlockClasses(int bq, int bk, int b, int h, int seqlen_q, int seqlen_k);
+  uint8_t& at(int b, int h, int qb, int kb) {
+    return cls[((static_cast<size_t>(b) * heads + h) * q_blocks + qb) * k_blocks + kb];
+  }
+};
+
 struct Problem {
   Case c;
   HostTensor q, k, v, dout;
@@ -68,6 +88,11 @@ struct Problem {
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
   fa_varlen varlen{};
   fa_options options{};
+  // Block mask lists (int32); when use_block_mask, extras() passes
+  // block_mask, pointed at them (refreshed per call: a Problem may move).
+  HostTensor kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices;
+  mutable fa_block_mask block_mask{};
+  bool use_block_mask = false;
 
   const fa_varlen* varlen_ptr() const { return c.is_varlen() ? &varlen : nullptr; }
   // The extras over this problem's tensors (rebuilt per call: a Problem may move).
@@ -84,6 +109,11 @@ struct Problem {
 
 // Random normal inputs for the case (fixed seed per case).
 Problem make_problem(const Case& c);
+
+// Gives p the block mask of `classes`: each query block's listed blocks in a
+// shuffled order, the slots past each count holding out-of-range values (the
+// library must never read them).
+void set_block_mask(Problem& p, const BlockClasses& classes);
 
 // Reference results, computed once per problem.
 struct Expected {

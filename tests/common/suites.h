@@ -232,4 +232,61 @@ inline std::vector<Case> dropout_suite(const std::vector<fa_dtype>& dtypes,
   return cases;
 }
 
+// Block masks (fa_block_mask) of density 0, 0.1, 0.5 and 1, with block sizes
+// that divide no sequence length (and FlexAttention's 128 x 128), alone and
+// with causal, window + softcap, GQA with lists shared by every sequence and
+// head, varlen (with empty sequences), ALiBi + sinks, dropout, odd sizes;
+// every head dim in `head_dims` once at density 0.5.
+inline std::vector<Case> block_sparse_suite(const std::vector<fa_dtype>& dtypes,
+                                            const std::vector<int>& head_dims) {
+  std::vector<Case> cases;
+  uint64_t seed = 3000;
+  for (fa_dtype dt : dtypes) {
+    for (double density : {0.0, 0.1, 0.5, 1.0}) {
+      const auto with = [&](Case c, int block_q, int block_k) {
+        c.block_q = block_q;
+        c.block_k = block_k;
+        c.block_density = density;
+        cases.push_back(c);
+      };
+      for (auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {16, 48}, {7, 13}}) {
+        with(make_case(dt, 113, 203, 64, seed++), bq, bk);
+        Case c = make_case(dt, 203, 113, 64, seed++);
+        c.causal = true;
+        with(c, bq, bk);
+      }
+      with(make_case(dt, 1, 1, 64, seed++), 128, 128);
+      with(make_case(dt, 7, 7, 64, seed++), 1, 3);
+      Case c = make_case(dt, 113, 203, 64, seed++);
+      c.window_left = 32;
+      c.window_right = 0;
+      c.softcap = 5.0f;
+      with(c, 16, 32);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.batch = 2;
+      c.causal = true;
+      c.block_shared = true;
+      with(c, 32, 16);
+      c.block_shared = false;
+      c.alibi = Case::Alibi::kPerHead;
+      c.sinks = true;
+      with(c, 64, 64);
+      with(varlen_causal_case(dt, seed++), 16, 24);
+      c = make_case(dt, 113, 203, 64, seed++);
+      c.dropout_p = 0.17f;  // every listed block holds >= 11 keys: no row sees a single key (dropout_suite)
+      with(c, 16, 32);
+    }
+    for (int d : head_dims) {
+      Case c = make_case(dt, 113, 203, d, seed++);
+      c.block_q = 16;
+      c.block_k = 32;
+      c.block_density = 0.5;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 }  // namespace flashattn::testing

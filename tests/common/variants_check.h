@@ -56,4 +56,23 @@ inline void expect_dsinks_close(const HostTensor& got, const Problem& p, const E
   }
 }
 
+// out and lse of a run of p against p's reference (the tolerance rule; the lse with atol 1e-4).
+inline void expect_forward_matches(const Problem& p, const HostTensor& out, const HostTensor& lse) {
+  const Expected e = expected_forward(p);
+  const Comparison co = compare_rows(out, e.exact.out, e.naive.out, default_atol(p.c.dtype));
+  EXPECT_TRUE(co.ok) << co.describe("out");
+  const Comparison cl = compare_lse(lse, e.exact.lse, e.naive.lse, 1e-4);
+  EXPECT_TRUE(cl.ok) << cl.describe("lse");
+}
+
+// dq, dk, dv (and dsinks when p has sinks) of a run of p against p's reference.
+inline void expect_backward_matches(const Problem& p, const HostTensor& dq, const HostTensor& dk,
+                                    const HostTensor& dv, const HostTensor& dsinks) {
+  const Expected e = expected_all(p);
+  for (const auto& [name, c] : compare_gradients(dq, dk, dv, e, default_atol(p.c.dtype))) {
+    EXPECT_TRUE(c.ok) << c.describe(name);
+  }
+  if (p.c.sinks) expect_dsinks_close(dsinks, p, e);
+}
+
 }  // namespace flashattn::testing

@@ -1,10 +1,12 @@
 // libFuzzer target: the C ABI's argument validation against a model of what
 // must be accepted. Each input decodes to a valid call (random shapes, row
-// padding, GQA, varlen cu_seqlens, options) and at most one mutation with a
+// padding, GQA, varlen cu_seqlens, options, and from the input's tail a block
+// mask) and at most one mutation (of the call, and of the block mask) with a
 // known verdict: a valid call must succeed and write every output (finite
 // results from finite inputs), a broken one must fail with a message and
 // touch nothing. Buffers are exactly as large as each tensor's extent, so
 // AddressSanitizer sees any read or write outside them.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -115,6 +117,10 @@ struct Problem {
   fa_varlen vl{};
   Tensor q, k, v, out, lse, dout, dq, dk, dv;
   fa_options o{};
+  // Block mask lists (int32, exact extents), used when mask.block_q != 0.
+  Tensor counts, indices, full_counts, full_indices;
+  fa_block_mask mask{};
+  int q_blocks = 0, k_blocks = 0;
   const fa_varlen* varlen_ptr() const { return varlen ? &vl : nullptr; }
 };
 
@@ -234,10 +240,90 @@ bool corrupt_cu(Input& in, Problem& p) {
   return true;
 }
 
+int32_t* ints(Tensor& t) { return reinterpret_cast<int32_t*>(t.memory.get()); }
+
+// Lists of (B, H, q_blocks) rows, each a random subset of the key blocks split
+// between the partial and the full list, junk past the counts.
+void fill_lists(Input& in, Problem& p) {
+  const int64_t rows = p.counts.desc.shape[0] * p.counts.desc.shape[1] * p.q_blocks;
+  const int cap = static_cast<int>(p.indices.desc.shape[3]), full_cap = static_cast<int>(p.full_indices.desc.shape[3]);
+  std::vector<int32_t> order(static_cast<size_t>(p.k_blocks));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < p.k_blocks; ++i) order[i] = i;
+    for (int i = p.k_blocks - 1; i > 0; --i) std::swap(order[i], order[in.pick(0, i)]);
+    const int n = in.pick(0, std::min(cap, p.k_blocks));
+    const int n_full = in.pick(0, std::min(full_cap, p.k_blocks - n));
+    ints(p.counts)[r] = n;
+    ints(p.full_counts)[r] = n_full;
+    for (int e = 0; e < cap; ++e) ints(p.indices)[r * cap + e] = e < n ? order[e] : static_cast<int32_t>(in.u32());
+    for (int e = 0; e < full_cap; ++e)
+      ints(p.full_indices)[r * full_cap + e] = e < n_full ? order[n + e] : static_cast<int32_t>(in.u32());
+  }
+}
+
+// A block mask from the input's tail (none when it is exhausted).
+void build_block_mask(Input& in, Problem& p, int batch, int heads, int seqlen_q, int seqlen_k) {
+  if (!in.flag()) return;
+  p.mask.block_q = in.pick(1, 20);
+  p.mask.block_k = in.pick(1, 20);
+  p.q_blocks = (seqlen_q + p.mask.block_q - 1) / p.mask.block_q;
+  p.k_blocks = (seqlen_k + p.mask.block_k - 1) / p.mask.block_k;
+  const int64_t b = in.flag() ? 1 : batch, h = in.flag() ? 1 : heads;
+  p.counts = make(FA_I32, {b, h, p.q_blocks}, 0);
+  p.indices = make(FA_I32, {b, h, p.q_blocks, in.pick(0, p.k_blocks + 1)}, 0);
+  p.full_counts = make(FA_I32, {b, h, p.q_blocks}, 0);
+  p.full_indices = make(FA_I32, {b, h, p.q_blocks, in.pick(0, p.k_blocks + 1)}, 0);
+  fill_lists(in, p);
+  p.mask.kv_num_blocks = &p.counts.desc;
+  p.mask.kv_indices = &p.indices.desc;
+  p.mask.full_kv_num_blocks = &p.full_counts.desc;
+  p.mask.full_kv_indices = &p.full_indices.desc;
+}
+
+// One mutation of the block mask's lists or descriptors; returns whether the
+// call must still succeed. Buffers stay exactly as large as before: a shape
+// grown past them must be refused before anything is read.
+bool mutate_block_mask(Input& in, Problem& p) {
+  if (p.mask.block_q == 0) return true;
+  Tensor& counts = in.flag() ? p.counts : p.full_counts;
+  Tensor& indices = &counts == &p.counts ? p.indices : p.full_indices;
+  const int64_t rows = counts.desc.shape[0] * counts.desc.shape[1] * p.q_blocks;
+  const int cap = static_cast<int>(indices.desc.shape[3]);
+  const int kind = in.pick(0, 8);
+  if (rows == 0 && kind <= 4) return true;  // no list entry to change
+  const int64_t r = rows > 0 ? in.pick(0, 255) % rows : 0;
+  const int n = rows > 0 ? ints(counts)[r] : 0;
+  switch (kind) {
+    case 1: ints(counts)[r] = in.flag() ? cap + 1 + in.pick(0, 9) : -1 - in.pick(0, 9); return false;
+    case 2: {  // an index outside [0, k_blocks)
+      if (n == 0) return true;
+      ints(indices)[r * cap + in.pick(0, n - 1)] = in.flag() ? p.k_blocks + in.pick(0, 9) : INT32_MIN + in.pick(0, 9);
+      return false;
+    }
+    case 3: {  // a key block twice in one list
+      if (n < 2) return true;
+      ints(indices)[r * cap + n - 1] = ints(indices)[r * cap];
+      return false;
+    }
+    case 4: {  // junk past the count is never read
+      if (n >= cap) return true;
+      ints(indices)[r * cap + in.pick(n, cap - 1)] = static_cast<int32_t>(in.u32());
+      return true;
+    }
+    case 5: p.mask.block_q = -in.pick(0, 9); return false;
+    case 6: counts.desc.shape[2] += 1 + in.pick(0, 9); return false;  // q_blocks mismatch
+    case 7: counts.desc.shape[0] = indices.desc.shape[0] = counts.desc.shape[0] + 2; return false;
+    case 8: indices.desc.dtype = FA_F32; return false;
+    default: return true;
+  }
+}
+
 fa_status call(bool backward, Args& a, const Problem& p) {
   const fa_varlen* vl = p.varlen ? &a.vl : nullptr;
-  if (!backward) return fa_forward(&a.q, &a.k, &a.v, &a.out, &a.lse, vl, &a.o);
-  return fa_backward(&a.q, &a.k, &a.v, &a.out, &a.dout, &a.lse, &a.dq, &a.dk, &a.dv, vl, &a.o, nullptr, 0);
+  fa_extras x = fa_default_extras();
+  if (p.mask.block_q != 0 || p.mask.kv_num_blocks != nullptr) x.block_mask = &p.mask;
+  if (!backward) return fa_forward_ex(&a.q, &a.k, &a.v, &a.out, &a.lse, vl, &a.o, &x);
+  return fa_backward_ex(&a.q, &a.k, &a.v, &a.out, &a.dout, &a.lse, &a.dq, &a.dk, &a.dv, vl, &a.o, &x, nullptr, 0);
 }
 
 }  // namespace
@@ -251,6 +337,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (backward) require(call(false, a, p) == FA_OK);  // the backward's out and lse
   bool valid = corrupt_cu(in, p);
   valid = mutate(in, p, backward, a) && valid;
+  // The mask joins valid calls only (so its verdict is the call's), sized by
+  // the lengths the library will see (a valid max_seqlen mutation included).
+  if (valid) {
+    const int batch = static_cast<int>(p.varlen ? p.vl.batch : p.q.desc.shape[0]);
+    const int heads = static_cast<int>(p.q.desc.shape[p.q.desc.ndim - 2]);
+    build_block_mask(in, p, batch, heads, p.varlen ? a.vl.max_seqlen_q : static_cast<int>(p.q.desc.shape[1]),
+                     p.varlen ? a.vl.max_seqlen_k : static_cast<int>(p.k.desc.shape[1]));
+    valid = mutate_block_mask(in, p);
+  }
   // A valid mutation may change the mask (window, cu_seqlens): out and lse
   // again under the same arguments, or the backward's P = exp(S - lse) could
   // overflow legitimately.

@@ -105,11 +105,7 @@ TEST_P(CudaVariants, BackwardMatchesFloat64Reference) {
   const Problem p = make_problem(c);
   VariantRun r;
   ASSERT_TRUE(run_cuda(p, true, r));
-  const Expected e = expected_all(p);
-  for (const auto& [name, cmp] : compare_gradients(r.dq, r.dk, r.dv, e, default_atol(p.c.dtype))) {
-    EXPECT_TRUE(cmp.ok) << cmp.describe(name);
-  }
-  if (p.c.sinks) expect_dsinks_close(r.dsinks, p, e);
+  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
 }
 
 // The sinks' gradient is a fixed-order reduction: bitwise the same run to run.
@@ -142,6 +138,34 @@ TEST(CudaVariantsDropout, IsRefusedAsUnsupported) {
   EXPECT_EQ(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, nullptr, nullptr, &o, &x),
             FA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(fa_last_error()).find("dropout"), std::string::npos) << fa_last_error();
+}
+
+// Block masks have no CUDA kernels yet: the forward and the backward refuse
+// them (FA_ERROR_UNSUPPORTED, docs/variants.md) before reading the lists, and
+// write nothing.
+TEST(CudaBlockSparse, IsRefusedAsUnsupported) {
+  FA_REQUIRE_GPU();
+  Case c = make_case(FA_BF16, 40, 50, 64, 7);
+  c.block_q = 16;
+  c.block_k = 16;
+  c.block_density = 0.5;
+  const Problem p = make_problem(c);
+  DeviceProblem d(p);
+  const HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse(), dq = p.poisoned_like_q();
+  DeviceTensor dout_ = DeviceTensor::upload(out), dlse = DeviceTensor::upload(lse);
+  DeviceTensor gq = DeviceTensor::upload(dq), gk = DeviceTensor::upload(p.poisoned_like_k()),
+               gv = DeviceTensor::upload(p.poisoned_like_k());
+  const fa_options o = d.options();
+  const fa_extras x = p.extras();  // host lists, as the CPU backend takes them
+  EXPECT_EQ(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &dlse.desc, nullptr, &o, &x),
+            FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("no block-sparse kernels"), std::string::npos) << fa_last_error();
+  EXPECT_EQ(fa_backward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &d.dout.desc, &dlse.desc, &gq.desc,
+                           &gk.desc, &gv.desc, nullptr, &o, &x, nullptr, 0),
+            FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find("no block-sparse kernels"), std::string::npos) << fa_last_error();
+  EXPECT_EQ(dout_.download(out).bytes, out.bytes) << "out written";
+  EXPECT_EQ(gq.download(dq).bytes, dq.bytes) << "dq written";
 }
 
 std::string name_of(const ::testing::TestParamInfo<std::tuple<Case, Path>>& info) {
