@@ -30,11 +30,11 @@
 #include "cuda/common/swizzle.h"
 #include "cuda/sm80/fwd/tile_copy.cuh"
 #include "cuda/sm80/fwd/tuning.h"
+#include "cuda/sm80/fwd/scheduler.cuh"
+#include "cuda/sm80/fwd/traits.h"
 
 namespace flashattn::cuda::sm80 {
 
-// Named barrier 1 + pair for the two warps of a pair (pair split).
-__device__ __forceinline__ void pair_sync(int pair) { named_sync(1 + pair, 64); }
 
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
 // tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);
@@ -61,8 +61,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   using KVTile = SwizzledTile<kN, kD>;
   using Mma = MmaType<T>;
 
-  extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t sQ = smem_addr(smem);
+    const uint32_t sQ = smem_addr(smem);
   const uint32_t sKV = sQ + QTile::kBytes;  // slot s: K at 2s, V at 2s+1 tiles
   auto sK = [&](int slot) { return sKV + (2 * slot) * KVTile::kBytes; };
   auto sV = [&](int slot) { return sKV + (2 * slot + 1) * KVTile::kBytes; };
@@ -73,28 +72,18 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   // NOTES: blocks of one (sequence, head) are adjacent in launch order so they
   // share K/V in L2; inside it the last query block goes first, since with a
   // bottom-right mask it sees the most keys (heaviest work first, light tail).
-  const int bh = blockIdx.x / m_blocks;
-  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);
-  const int h = bh % p.heads_q, b = bh / p.heads_q;
-  const SequenceInfo seq = sequence_info(p, b);
-  const int m0 = m_block * kM;
-  if (m0 >= seq.seqlen_q) return;
-  const MaskPolicy mask = mask_for(p, seq);
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int hk = h / (p.heads_q / p.heads_kv);
-  const int rows_valid = min(kM, seq.seqlen_q - m0);
-
-  const T* q = static_cast<const T*>(p.q) +
-               row_offset(b, seq.row_q, m0, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride, varlen);
-  const T* k = static_cast<const T*>(p.k) +
-               row_offset(b, seq.row_k, 0, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride, varlen);
-  const T* v = static_cast<const T*>(p.v) +
-               row_offset(b, seq.row_k, 0, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride, varlen);
-
-  // Key tiles [n_first, n_first + n_tiles): only those some row here can see.
-  const int key_lo = mask.key_begin(m0), key_hi = mask.key_end(m0 + rows_valid);
-  const int n_first = key_lo / kN;
-  const int n_tiles = key_hi > key_lo ? (key_hi + kN - 1) / kN - n_first : 0;
+  using K = FwdTraits<kD, Cfg>;
+  FwdCta<T> cta;
+  cta.template place<K>(p, m_blocks);
+  if (cta.past_sequence()) return;
+  cta.template plan<K>(p);
+  const SequenceInfo seq = cta.seq;
+  const MaskPolicy mask = cta.mask;
+  const int b = cta.b, h = cta.h, m0 = cta.m0, rows_valid = cta.rows_valid, n_first = cta.n_first, n_tiles = cta.n_tiles;
+  const bool varlen = cta.varlen;
+  const T* q = cta.q;
+  const T* k = cta.k;
+  const T* v = cta.v;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -512,52 +501,6 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   T* o = static_cast<T*>(p.out) +
          row_offset(b, seq.row_q, m0, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen);
   q_copy.store(o, p.o_row_stride, smem, rows_valid, d_valid);
-}
-
-// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg on p.stream.
-template <int kD, typename T, class Cfg>
-fa_status launch_forward_with(const AttentionParams& p) {
-  const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
-  if (ctas == 0) return FA_OK;
-  if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
-  constexpr int kSmem = forward_smem_bytes<Cfg>(kD);
-  auto kernel = forward_kernel<kD, T, Cfg>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return fail(FA_ERROR_DEVICE, std::string("forward kernel (head dim ") + std::to_string(kD) +
-                                     ") needs " + std::to_string(kSmem) +
-                                     " bytes of shared memory: " + cudaGetErrorString(err));
-  }
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kWarps * 32, kSmem,
-           static_cast<cudaStream_t>(p.stream)>>>(p, m_blocks);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return fail(FA_ERROR_DEVICE, std::string("forward kernel launch: ") + cudaGetErrorString(err));
-  }
-  return FA_OK;
-}
-
-// A tile shape with its warps in the plain layout (no pair split).
-template <class Cfg>
-struct WithoutPairSplit : Cfg {
-  static constexpr bool kPairSplit = false;
-};
-
-template <int kD, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  using Cfg = ForwardTuning<kD>;
-  if constexpr (Cfg::kPairSplit) {
-    // NOTES: the pair split's P exchange takes d 256 past the 99 KB of shared
-    // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
-    // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
-    // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
-    if (env_switch("FLASHATTN_FWD_NO_PAIR_SPLIT") || forward_smem_bytes<Cfg>(kD) > current_device_smem_optin()) {
-      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
-    }
-  }
-  return launch_forward_with<kD, T, Cfg>(p);
 }
 
 }  // namespace flashattn::cuda::sm80
