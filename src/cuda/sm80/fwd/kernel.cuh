@@ -30,6 +30,7 @@
 #include "cuda/common/swizzle.h"
 #include "cuda/sm80/fwd/tile_copy.cuh"
 #include "cuda/sm80/fwd/tuning.h"
+#include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
 #include "cuda/sm80/fwd/traits.h"
 
@@ -85,51 +86,15 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   const T* k = cta.k;
   const T* v = cta.v;
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int half = warp % kSplit;              // which half of the keys / head dim (pair split)
-  const int warp_row = warp / kSplit * kWarpRows;  // first row of this warp in the tile
-  const int key_off = half * kWarpKeys;        // first key column of this warp's S
+  FwdThread th;
+  th.place<K>();
+  const int tid = th.tid, warp = th.warp, lane = th.lane, g = th.g, t = th.t, half = th.half;
+  const int warp_row = th.warp_row, key_off = th.key_off;
   const int d_valid = p.head_dim;         // columns past it are zero-filled
 
-  const TileCopy<QTile, kThreads> q_copy(tid);
-  const TileCopy<KVTile, kThreads, Cfg::kFastWholeTiles> kv_copy(tid);
-  // Tile j of K (V) is loaded into slot j % kStages.
-  auto issue_k = [&](int j, int slot) {
-    if (j < n_tiles) {
-      const int n0 = (n_first + j) * kN;
-      kv_copy.load(sK(slot), k + n0 * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n0, d_valid);
-    }
-  };
-  auto issue_v = [&](int j, int slot) {
-    if (j < n_tiles) {
-      const int n0 = (n_first + j) * kN;
-      kv_copy.load(sV(slot), v + n0 * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n0, d_valid);
-    }
-  };
-  // Two pipelines (cp.async groups are committed even when empty, so the wait
-  // counts stay the same on every tile):
-  //  kStages == 1: K and V in separate groups; V_j loads during Q K_j^T and
-  //    K_{j+1} during P V_j; two barriers per tile (FlashAttention-2's scheme,
-  //    least shared memory).
-  //  kStages >= 2: K_j and V_j in one group, kStages - 1 tiles ahead; one
-  //    barrier per tile.
-  constexpr bool kSplitKV = kStages == 1;
-  constexpr int kPending = kSplitKV ? 0 : kStages - 2;  // groups allowed in flight at a wait
-  q_copy.load(sQ, q, p.q_row_stride, rows_valid, d_valid);
-  issue_k(0, 0);
-  if constexpr (kSplitKV) {
-    cp_async_commit();  // Q, K_0
-  } else {
-    issue_v(0, 0);
-    cp_async_commit();  // Q, K_0, V_0
-#pragma unroll
-    for (int s = 1; s < kStages - 1; ++s) {
-      issue_k(s, s);
-      issue_v(s, s);
-      cp_async_commit();
-    }
-  }
+  const QCopy<K> q_copy(tid);
+  const KVCopy<K> kv_copy(tid);
+  load_first_tiles<K>(q_copy, kv_copy, p, cta, d_valid);
 
   // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
   // With a softcap, s -> softcap * tanh(s * scale / softcap) is already scaled.
@@ -386,7 +351,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
 
   if constexpr (Cfg::kQInRegs) {
     if (n_tiles > 0) {
-      cp_async_wait<kPending>();  // Q (with K_0) landed
+      cp_async_wait<K::kPending>();  // Q (with K_0) landed
       __syncthreads();
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -405,18 +370,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = (n_first + j) * kN;
     const int slot = j % kStages;
-    if constexpr (kSplitKV) {
-      cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
-      __syncthreads();     // ... for every thread; V_{j-1} is no longer read
-      issue_v(j, 0);
-      cp_async_commit();
-    } else {
-      cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
-      __syncthreads();            // ... for every thread; the slot of tile j-1 is free
-      issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
-      issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
-      cp_async_commit();
-    }
+    await_tile<K>(kv_copy, p, cta, j, d_valid);
 
     // Two bodies, chosen once per tile: the plain one has no branch between
     // the first mma and the last exp2, so the compiler interleaves freely.
@@ -433,14 +387,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
     if constexpr (Cfg::kPairSplit) share_p();
 
-    if constexpr (kSplitKV) {
-      cp_async_wait<0>();  // V_j landed
-      __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
-      issue_k(j + 1, 0);
-      cp_async_commit();
-    } else if constexpr (Cfg::kPairSplit) {
-      pair_sync(warp / kSplit);  // the partner's P
-    }
+    await_v<K>(kv_copy, p, cta, j, warp, d_valid);
     pv(slot);
   }
 
