@@ -31,6 +31,7 @@
 #include "cuda/sm80/fwd/tile_copy.cuh"
 #include "cuda/sm80/fwd/tuning.h"
 #include "cuda/sm80/fwd/loads.cuh"
+#include "cuda/sm80/fwd/mainloop.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
 #include "cuda/sm80/fwd/traits.h"
 
@@ -101,29 +102,8 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   const bool softcap = p.softcap > 0.0f;
   const float scale_log2 = softcap ? kLog2e : p.scale * kLog2e;
 
-  // ldmatrix.x4 row addresses. Q and V: matrix i = lane / 8 covers rows
-  // 8*(i%2)..+7 and chunk i/2 of a 16x16 block; Q gets the A fragment in order,
-  // V (keys x d, transposed) b0, b1 of d-tile 0, then of d-tile 1. K (keys x d):
-  // matrix i covers keys 8*(i/2)..+7 and chunk i%2, so the registers are b0, b1
-  // of n-tile 0, then of n-tile 1.
-  // NOTES: mma.sync takes its B operand as a pair of consecutive registers. With
-  // the Q pattern for K the pairs came out as (r0, r2), (r1, r3), and ptxas
-  // spent ~1.3 MOVs per mma re-pairing them (and registers to hold the copies).
-  const auto frag_lane = QTile::lane(lane & 15, lane >> 4);
-  static_assert(QTile::kAtom == KVTile::kAtom, "Q and K/V tiles share the swizzle");
-  // K rows from this warp's first key; V rows from its own (v_own) or the
-  // partner's (v_other) first key and columns from its first O column. The
-  // offsets are multiples of 8 rows and of whole 8-chunk blocks, so they fold
-  // into the lane's base (the swizzle depends on row % 8 and chunk % 8 only).
-  const auto k_lane = KVTile::lane(((lane & 7) | ((lane >> 4) << 3)) + key_off, (lane >> 3) & 1);
-  auto v_lane_at = [&](int key0) {
-    auto l = KVTile::lane((lane & 15) + key0, lane >> 4);
-    l.row_bytes += half * (kDT / KVTile::kAtom) * KVTile::kRows * KVTile::kAtom * 16;
-    return l;
-  };
-  static_assert(!Cfg::kPairSplit || kDT % KVTile::kAtom == 0, "pair split: O halves of whole swizzle blocks");
-  const auto v_own = v_lane_at(key_off);
-  const auto v_other = v_lane_at(kWarpKeys - key_off);
+  FragLanes lanes;
+  lanes.build<K>(th);
 
   float acc[kMT][kDT][4];
   float row_max[kMT][2], row_sum[kMT][2];
@@ -136,7 +116,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.0f;
   }
-  uint32_t q_frag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kKQ : 1][4];
+  QFrags<K> q_frag;
 
   // The four steps of a K/V tile, as lambdas so the two loops below share them:
   //   qk: S = Q K^T for the K tile in `slot`
@@ -145,38 +125,6 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   //   pv: O += P V for the V tile in `slot`
   using Scores = float[kMT][kNT][4];
   uint32_t pk[kMT][kKP][4];
-  auto qk = [&](Scores& s, int slot) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
-        } else {
-          ldmatrix_x4(a[mt], sQ + QTile::at(frag_lane, warp_row + mt * 16, kk * 2));
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, sK(slot) + KVTile::at(k_lane, np * 16, kk * 2));
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
-  };
-
   // fn(score, row, key) on every element of this warp's S (keys from n0).
   auto for_each_score = [&](Scores& s, int n0, auto&& fn) {
 #pragma unroll
@@ -303,61 +251,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
       }
   };
 
-  // Pair split: this warp's P to shared memory, as rows of kWarpKeys 16-bit
-  // values (stride Pair::kPRowBytes: A-fragment stores and ldmatrix reads
-  // are both conflict-free), for the partner's P V.
-  auto share_p = [&]() {
-    const uint32_t base = sP + warp * Pair::kPBytes + g * Pair::kPRowBytes + 4 * t;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < kKP; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st_shared_b32(base + (mt * 16 + (e & 1) * 8) * Pair::kPRowBytes + (kk * 16 + (e >> 1) * 8) * 2,
-                        pk[mt][kk][e]);
-  };
-
-  // O += P V_j, P straight from the S accumulators (C layout == A layout);
-  // with the pair split, then the partner's P (its keys) from shared memory.
-  auto pv_keys = [&](int slot, const SwizzleLane& v_lane, const uint32_t (&a)[kMT][kKP][4]) {
-#pragma unroll
-    for (int kk = 0; kk < kKP; ++kk) {
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(v_lane, kk * 16, dp * 2));
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(acc[mt][2 * dp], a[mt][kk], bv[0], bv[1]);
-          mma_m16n8k16<T>(acc[mt][2 * dp + 1], a[mt][kk], bv[2], bv[3]);
-        }
-      }
-    }
-  };
-  auto pv = [&](int slot) {
-    pv_keys(slot, v_own, pk);
-    if constexpr (Cfg::kPairSplit) {
-      uint32_t other[kMT][kKP][4];
-      const uint32_t base = sP + (warp ^ 1) * Pair::kPBytes + (lane & 15) * Pair::kPRowBytes + (lane >> 4) * 16;
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < kKP; ++kk)
-          ldmatrix_x4(other[mt][kk], base + mt * 16 * Pair::kPRowBytes + kk * 32);
-      pv_keys(slot, v_other, other);
-    }
-  };
-
   if constexpr (Cfg::kQInRegs) {
     if (n_tiles > 0) {
       cp_async_wait<K::kPending>();  // Q (with K_0) landed
       __syncthreads();
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk)
-          ldmatrix_x4(q_frag[mt][kk], sQ + QTile::at(frag_lane, warp_row + mt * 16, kk * 2));
+      load_q_frags<K>(q_frag, lanes.q, warp_row);
     }
   }
 
@@ -378,17 +276,17 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     // basic blocks; two bodies measured faster (docs/performance.md).
     Scores s;
     if (needs_mask(n0)) {
-      qk(s, slot);
+      qk<K, T>(s, q_frag, lanes, warp_row, slot);
       mask_scores(s, n0 + key_off);
       softmax(s);
     } else {
-      qk(s, slot);
+      qk<K, T>(s, q_frag, lanes, warp_row, slot);
       softmax(s);
     }
-    if constexpr (Cfg::kPairSplit) share_p();
+    if constexpr (Cfg::kPairSplit) share_p<K>(pk, th);
 
     await_v<K>(kv_copy, p, cta, j, warp, d_valid);
-    pv(slot);
+    pv<K, T>(acc, pk, lanes, th, slot);
   }
 
   // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
