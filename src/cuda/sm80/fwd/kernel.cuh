@@ -33,6 +33,7 @@
 #include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
+#include "cuda/sm80/fwd/softmax.cuh"
 #include "cuda/sm80/fwd/traits.h"
 
 namespace flashattn::cuda::sm80 {
@@ -123,134 +124,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   //   mask_scores: softcap and the per-element mask (boundary tiles, softcap)
   //   softmax: online softmax over S, P left in pk as 16-bit A fragments
   //   pv: O += P V for the V tile in `slot`
-  using Scores = float[kMT][kNT][4];
   uint32_t pk[kMT][kKP][4];
-  // fn(score, row, key) on every element of this warp's S (keys from n0).
-  auto for_each_score = [&](Scores& s, int n0, auto&& fn) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          fn(s[mt][nt][e], m0 + warp_row + mt * 16 + g + (e >> 1) * 8, n0 + nt * 8 + 2 * t + (e & 1));
-  };
-
-  // Softcap, s -> softcap * tanh(s * scale / softcap), ALiBi, and the mask (-inf where
-  // key col of row is not visible).
-  // NOTES: tanh(x) = 1 - 2 / (e^(2x) + 1): one ex2 and one rcp, no branch.
-  // libm tanhf branches on |x|, and at d = 64, N = 128 that body spilled; the
-  // error is ~1e-7 * softcap absolute, and +-inf / NaN come out as +-1 / NaN.
-  // Two forms of the same mask, picked by tile width because ptxas, at 255
-  // registers, spills one or the other (bytes of spill stores, -Xptxas -v):
-  //  - per row, bounds [lo, hi) relative to this lane's first column n0 + 2t,
-  //    compared with a compile-time column per element (kNT >= 16: d = 64 at
-  //    128x128; the per-element form spilled 100 bytes there, sm_80 build);
-  //  - per element, visible(row, col) (narrower tiles: the per-row form
-  //    spilled 112 bytes at d = 128, 128x64, one stage, sm_90a build).
-  auto mask_scores = [&](Scores& s, int n0) {
-    if (softcap) {
-      const float cap_in2 = 2.0f * kLog2e * p.scale / p.softcap;
-      const float cap2 = -2.0f * p.softcap;
-      for_each_score(s, n0, [&](float& x, int, int) {
-        x = fmaf(cap2, fast_rcp(fast_exp2(x * cap_in2) + 1.0f), p.softcap);
-      });
-    }
-    if (p.has_alibi()) {
-      // ALiBi (score_mod.h) in the units of s: the logit bias divided by the
-      // factor scale_log2 / log2 e that s still gets (1 with softcap). Built
-      // here, not held across the loop (at d 256 that spilled).
-      const AlibiScore alibi_s{p.alibi_slope(b, h) / (softcap ? 1.0f : p.scale), mask.diagonal_offset()};
-      for_each_score(s, n0, [&](float& x, int row, int col) { x = alibi_s(x, row, col); });
-    }
-    if constexpr (kNT >= 16) {
-      const int col0 = n0 + 2 * t;
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = m0 + warp_row + mt * 16 + g + hf * 8;
-          const int lo = mask.first_key(row) - col0;
-          const int hi = min(mask.end_key(row), mask.seqlen_k) - col0;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-              const int c = nt * 8 + (e & 1);
-              if (c < lo || c >= hi) s[mt][nt][e] = -INFINITY;
-            }
-        }
-    } else {
-      for_each_score(s, n0, [&](float& x, int row, int col) {
-        if (!mask.visible(row, col)) x = -INFINITY;
-      });
-    }
-  };
-
-  // Pair split: a row value of this warp (lanes t == 0 hold it) combined with
-  // the partner warp's through shared memory; both warps get the same result.
-  // NOTES: the two warps of a pair meet at named barrier 1 + pair (64 threads).
-  // A warp writes its slot again only after the next barrier both pass, by
-  // which time the partner has read it.
-  auto pair_combine = [&](float (&v)[kMT][2], bool sum) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        if (t == 0) s_rows[warp * kWarpRows + mt * 16 + hf * 8 + g] = v[mt][hf];
-    pair_sync(warp / kSplit);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float other = s_rows[(warp ^ 1) * kWarpRows + mt * 16 + hf * 8 + g];
-        v[mt][hf] = sum ? v[mt][hf] + other : fmaxf(v[mt][hf], other);
-      }
-  };
-
-  // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
-  auto softmax = [&](Scores& s) {
-    float new_max[kMT][2];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = row_max[mt][hf];
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-        new_max[mt][hf] = quad_max(mx);
-      }
-    if constexpr (Cfg::kPairSplit) pair_combine(new_max, /*sum=*/false);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float mx = new_max[mt][hf];
-        // A row with nothing visible yet keeps m = -inf; subtracting 0 then
-        // gives P = 2^-inf = 0 and no NaN.
-        const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-        const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
-        row_max[mt][hf] = mx;
-        // P of this row to 16 bits right away (registers hf of the A
-        // fragment: a0/a2 row g, a1/a3 row g + 8), so S dies row by row.
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
-          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
-          sum += p0 + p1;
-          pk[mt][nt / 2][hf + 2 * (nt % 2)] = Mma::pack(p0, p1);
-        }
-        row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          acc[mt][dt][2 * hf] *= corr;
-          acc[mt][dt][2 * hf + 1] *= corr;
-        }
-      }
-  };
-
   if constexpr (Cfg::kQInRegs) {
     if (n_tiles > 0) {
       cp_async_wait<K::kPending>();  // Q (with K_0) landed
@@ -258,12 +132,6 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
       load_q_frags<K>(q_frag, lanes.q, warp_row);
     }
   }
-
-  // Only tiles the mask cuts (or that run past seqlen_k) pay for masking;
-  // a score modifier (softcap, ALiBi) takes the same body on every tile.
-  auto needs_mask = [&](int n0) {
-    return softcap || p.has_alibi() || !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN);
-  };
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = (n_first + j) * kN;
@@ -274,14 +142,14 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     // the first mma and the last exp2, so the compiler interleaves freely.
     // NOTES: a runtime `if` around the mask inside one body split it into
     // basic blocks; two bodies measured faster (docs/performance.md).
-    Scores s;
-    if (needs_mask(n0)) {
+    Scores<K> s;
+    if (needs_mask<K>(p, cta, softcap, n0)) {
       qk<K, T>(s, q_frag, lanes, warp_row, slot);
-      mask_scores(s, n0 + key_off);
-      softmax(s);
+      mask_scores<K>(s, p, cta, th, softcap, n0 + key_off);
+      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     } else {
       qk<K, T>(s, q_frag, lanes, warp_row, slot);
-      softmax(s);
+      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     }
     if constexpr (Cfg::kPairSplit) share_p<K>(pk, th);
 
@@ -301,7 +169,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) l_rows[mt][hf] = quad_sum(row_sum[mt][hf]);
-  if constexpr (Cfg::kPairSplit) pair_combine(l_rows, /*sum=*/true);
+  if constexpr (Cfg::kPairSplit) pair_combine<K>(l_rows, /*sum=*/true, th);
   // Not at kNT >= 16 (d64's 128-key S): ptxas then spilled 8 bytes in the K/V loop.
   constexpr bool kFastOStaging = kFastStores && kNT < 16;
   const auto o_lane = QTile::lane(g, 0);
