@@ -30,6 +30,7 @@
 #include "cuda/common/swizzle.h"
 #include "cuda/sm80/fwd/tile_copy.cuh"
 #include "cuda/sm80/fwd/tuning.h"
+#include "cuda/sm80/fwd/epilogue.cuh"
 #include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
@@ -157,63 +158,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     pv<K, T>(acc, pk, lanes, th, slot);
   }
 
-  // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
-  // lse = ln(l) + m * scale. A row that saw no key: O = 0, lse = -inf.
-  // With the pair split, l sums both warps' halves of the keys.
-  // NOTES: every row of this lane is g modulo 8, so all share one swizzle:
-  // addresses are a lane base plus kAtom XOR-ed chunk offsets plus constants
-  // (QTile::offset per row computed the swizzle again for each of 64 stores:
-  // ~350 integer instructions per warp at d256).
-  float l_rows[kMT][2];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) l_rows[mt][hf] = quad_sum(row_sum[mt][hf]);
-  if constexpr (Cfg::kPairSplit) pair_combine<K>(l_rows, /*sum=*/true, th);
-  // Not at kNT >= 16 (d64's 128-key S): ptxas then spilled 8 bytes in the K/V loop.
-  constexpr bool kFastOStaging = kFastStores && kNT < 16;
-  const auto o_lane = QTile::lane(g, 0);
-  const uint32_t o_base =
-      sQ + (warp_row * QTile::kAtom + half * (kDT / QTile::kAtom) * kM * QTile::kAtom) * 16 + 4 * t;
-  cp_async_wait<0>();
-  __syncthreads();
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float l = l_rows[mt][hf];
-      // Empty: l == 0 exactly (l >= 1 once a key is seen). A NaN score that
-      // fmaxf kept out of m still made its P, and so l, NaN: NaN O and lse.
-      const bool empty = l == 0.0f;
-      float inv = empty ? 0.0f : 1.0f / l;
-      float lse = empty ? -INFINITY : (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2;
-      if (p.has_sinks()) {  // the sink's share of the denominator (score_mod.h)
-        const AttentionSink sink{p.sinks[h]};
-        const float lse_keys = lse;
-        lse = sink.lse(lse_keys);
-        inv *= sink.output_factor(lse_keys, lse);
-      }
-      const int r = warp_row + mt * 16 + g + hf * 8;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
-        if constexpr (kFastOStaging) {
-          st_shared_b32(o_base + QTile::at(o_lane, mt * 16 + hf * 8, dt), packed);
-        } else {
-          *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, half * kDT + dt) + 4 * t) = packed;
-        }
-      }
-      if (p.lse != nullptr && half == 0 && t == 0 && r < rows_valid) {
-        const int64_t off = varlen ? h * p.lse_head_stride + (seq.row_q + m0 + r) * p.lse_row_stride
-                                   : b * p.lse_batch_stride + h * p.lse_head_stride +
-                                         static_cast<int64_t>(m0 + r) * p.lse_row_stride;
-        p.lse[off] = lse;
-      }
-    }
-  __syncthreads();
-  T* o = static_cast<T*>(p.out) +
-         row_offset(b, seq.row_q, m0, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen);
-  q_copy.store(o, p.o_row_stride, smem, rows_valid, d_valid);
+  write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid);
 }
 
 }  // namespace flashattn::cuda::sm80
