@@ -1,35 +1,38 @@
-// FlashAttention-2 forward on sm_80+ tensor cores (mma.sync m16n8k16).
+// FlashAttention-2 forward on sm_80+ tensor cores (mma.sync m16n8k16),
+// assembled from its parts:
+//   traits.h       warp layout, fragment counts, shared-memory layout, pipeline (tuning.h)
+//   scheduler.cuh  block -> query tile and key-tile range; thread -> its place in the tile
+//   loads.cuh      cp.async of Q and of the K/V slots, the pipeline's waits
+//   mainloop.cuh   S = Q K^T and O += P V (mma.sync, ldmatrix)
+//   softmax.cuh    score modifiers, the mask, online softmax, the pair exchange
+//   epilogue.cuh   O / l and the logsumexp out
+//   launch.cuh     the launch (host)
 //
 // One CTA owns kBlockM query rows of one (sequence, head); each warp owns
 // kBlockM / kWarps of them (with kPairSplit, two warps share 2 * kBlockM /
 // kWarps rows: S of half the keys and O of half the head dim each, P and the
 // row maxima crossing through shared memory). The CTA walks the K/V tiles its rows can see
 // (MaskPolicy::key_begin/key_end), through kStages shared-memory slots filled
-// by cp.async (see the pipeline note in the kernel):
+// by cp.async (see the pipeline note in traits.h):
 //   S = Q K_j^T; mask and softcap (boundary tiles only); online softmax in
 //   registers; O += P V_j with P straight from the S registers
 // and writes O / l and the logsumexp once at the end.
+//
+// NOTES: the parts are force-inlined functions that take what they use as
+// arguments (or fill a small struct in place) and keep no state between
+// calls: the kernel compiles to the same SASS as the one-function kernel it
+// was cut from, for every instantiation (cuobjdump -sass, sm_80 and sm_90a).
+// The K/V loop stays here: a loop moved into a function of its own (or a
+// lambda) changed the machine code in the Hopper backward.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
-#include <string>
-#include <type_traits>
 
-#include "core/error.h"
-#include "core/layout.h"
-#include "attention/mask.h"
-#include "attention/score_mod.h"
 #include "core/numeric.h"
 #include "core/params.h"
-#include "cuda/common/launch_env.h"
-#include "cuda/common/mma.h"
-#include "cuda/common/named_barrier.h"
-#include "cuda/common/swizzle.h"
-#include "cuda/sm80/fwd/tile_copy.cuh"
-#include "cuda/sm80/fwd/tuning.h"
 #include "cuda/sm80/fwd/epilogue.cuh"
 #include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
@@ -39,64 +42,24 @@
 
 namespace flashattn::cuda::sm80 {
 
-
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
-// tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);
+// tile shape Cfg: ForwardTuning<kD> in the library (launch.cuh);
 // a benchmark can instantiate others to compare shapes in one process.
 template <int kD, typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
-  constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kThreads = Cfg::kWarps * 32;
-  // kPairSplit (tuning.h): two warps share a row block, each holding S for
-  // half the keys and O for half the head dim.
-  using Pair = PairSplit<Cfg>;
-  constexpr int kSplit = Pair::kWarpsPerRows;
-  constexpr int kWarpRows = Pair::kWarpRows;
-  constexpr int kWarpKeys = kN / kSplit;  // columns of S in this warp
-  constexpr int kMT = kWarpRows / 16;     // m16 tiles per warp
-  constexpr int kNT = kWarpKeys / 8;      // n8 tiles of S
-  constexpr int kDT = kD / kSplit / 8;    // n8 tiles of O
-  constexpr int kKQ = kD / 16;            // k16 steps of Q K^T
-  constexpr int kKP = kWarpKeys / 16;     // k16 steps of P V per warp's P
-  static_assert(kWarpRows % 16 == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
-  static_assert(!(Cfg::kPairSplit && Cfg::kQInRegs), "pair split: Q from shared memory");
-  using QTile = SwizzledTile<kM, kD>;
-  using KVTile = SwizzledTile<kN, kD>;
-  using Mma = MmaType<T>;
-
-    const uint32_t sQ = smem_addr(smem);
-  const uint32_t sKV = sQ + QTile::kBytes;  // slot s: K at 2s, V at 2s+1 tiles
-  auto sK = [&](int slot) { return sKV + (2 * slot) * KVTile::kBytes; };
-  auto sV = [&](int slot) { return sKV + (2 * slot + 1) * KVTile::kBytes; };
-  // Pair split only: each warp's P and row maxima (or sums), after the K/V slots.
-  const uint32_t sP = sKV + 2 * kStages * KVTile::kBytes;
-  float* const s_rows = reinterpret_cast<float*>(smem + (sP - sQ) + Cfg::kWarps * Pair::kPBytes);
-
-  // NOTES: blocks of one (sequence, head) are adjacent in launch order so they
-  // share K/V in L2; inside it the last query block goes first, since with a
-  // bottom-right mask it sees the most keys (heaviest work first, light tail).
   using K = FwdTraits<kD, Cfg>;
+  constexpr int kMT = K::kMT, kDT = K::kDT, kStages = K::kStages;
   FwdCta<T> cta;
   cta.template place<K>(p, m_blocks);
   if (cta.past_sequence()) return;
   cta.template plan<K>(p);
-  const SequenceInfo seq = cta.seq;
-  const MaskPolicy mask = cta.mask;
-  const int b = cta.b, h = cta.h, m0 = cta.m0, rows_valid = cta.rows_valid, n_first = cta.n_first, n_tiles = cta.n_tiles;
-  const bool varlen = cta.varlen;
-  const T* q = cta.q;
-  const T* k = cta.k;
-  const T* v = cta.v;
-
   FwdThread th;
   th.place<K>();
-  const int tid = th.tid, warp = th.warp, lane = th.lane, g = th.g, t = th.t, half = th.half;
-  const int warp_row = th.warp_row, key_off = th.key_off;
-  const int d_valid = p.head_dim;         // columns past it are zero-filled
+  const int d_valid = p.head_dim;  // columns past it are zero-filled
 
-  const QCopy<K> q_copy(tid);
-  const KVCopy<K> kv_copy(tid);
+  const QCopy<K> q_copy(th.tid);
+  const KVCopy<K> kv_copy(th.tid);
   load_first_tiles<K>(q_copy, kv_copy, p, cta, d_valid);
 
   // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
@@ -107,7 +70,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   FragLanes lanes;
   lanes.build<K>(th);
 
-  float acc[kMT][kDT][4];
+  OAcc<K> acc;
   float row_max[kMT][2], row_sum[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -119,23 +82,18 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     row_sum[mt][0] = row_sum[mt][1] = 0.0f;
   }
   QFrags<K> q_frag;
+  PFrags<K> pk;  // P of the tile as 16-bit A fragments (online_softmax)
 
-  // The four steps of a K/V tile, as lambdas so the two loops below share them:
-  //   qk: S = Q K^T for the K tile in `slot`
-  //   mask_scores: softcap and the per-element mask (boundary tiles, softcap)
-  //   softmax: online softmax over S, P left in pk as 16-bit A fragments
-  //   pv: O += P V for the V tile in `slot`
-  uint32_t pk[kMT][kKP][4];
-  if constexpr (Cfg::kQInRegs) {
-    if (n_tiles > 0) {
+  if constexpr (K::kQInRegs) {
+    if (cta.n_tiles > 0) {
       cp_async_wait<K::kPending>();  // Q (with K_0) landed
       __syncthreads();
-      load_q_frags<K>(q_frag, lanes.q, warp_row);
+      load_q_frags<K>(q_frag, lanes.q, th.warp_row);
     }
   }
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = (n_first + j) * kN;
+  for (int j = 0; j < cta.n_tiles; ++j) {
+    const int n0 = (cta.n_first + j) * K::kN;
     const int slot = j % kStages;
     await_tile<K>(kv_copy, p, cta, j, d_valid);
 
@@ -145,16 +103,16 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     // basic blocks; two bodies measured faster (docs/performance.md).
     Scores<K> s;
     if (needs_mask<K>(p, cta, softcap, n0)) {
-      qk<K, T>(s, q_frag, lanes, warp_row, slot);
-      mask_scores<K>(s, p, cta, th, softcap, n0 + key_off);
+      qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
+      mask_scores<K>(s, p, cta, th, softcap, n0 + th.key_off);
       online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     } else {
-      qk<K, T>(s, q_frag, lanes, warp_row, slot);
+      qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
       online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     }
-    if constexpr (Cfg::kPairSplit) share_p<K>(pk, th);
+    if constexpr (K::kPairSplit) share_p<K>(pk, th);
 
-    await_v<K>(kv_copy, p, cta, j, warp, d_valid);
+    await_v<K>(kv_copy, p, cta, j, th.warp, d_valid);
     pv<K, T>(acc, pk, lanes, th, slot);
   }
 
