@@ -19,6 +19,8 @@
 
 namespace flashattn::cuda::sm80 {
 
+// O / l of this thread's rows into Q's slot (the loads are drained first),
+// the lse of each row out, then the tile of O out in 16-byte rows.
 // NOTES: every row of this lane is g modulo 8, so all share one swizzle:
 // addresses are a lane base plus kAtom XOR-ed chunk offsets plus constants
 // (QTile::offset per row computed the swizzle again for each of 64 stores:
@@ -37,7 +39,7 @@ __device__ __forceinline__ void write_out(const OAcc<K>& acc, const float (&row_
     for (int hf = 0; hf < 2; ++hf) l_rows[mt][hf] = quad_sum(row_sum[mt][hf]);
   if constexpr (K::kPairSplit) pair_combine<K>(l_rows, /*sum=*/true, th);
   const auto o_lane = QTile::lane(th.g, 0);
-  const uint32_t o_base = smem_q<K>() +
+  const uint32_t o_base = smem_q() +
                           (th.warp_row * QTile::kAtom + th.half * (K::kDT / QTile::kAtom) * K::kM * QTile::kAtom) * 16 +
                           4 * th.t;
   cp_async_wait<0>();

@@ -50,6 +50,10 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
   using K = FwdTraits<kD, Cfg>;
   constexpr int kMT = K::kMT, kDT = K::kDT, kStages = K::kStages;
+  // NOTES: the exit sits between place() and plan() as it did in the
+  // one-function kernel; one call that returned false for it moved the
+  // operand pointers' arithmetic (different PTX). The head dim is read once
+  // here: read from p inside the loads, it was loaded again at each tile.
   FwdCta<T> cta;
   cta.template place<K>(p, m_blocks);
   if (cta.past_sequence()) return;

@@ -37,7 +37,7 @@ __device__ __forceinline__ void issue_v(const KVCopy<K>& kv_copy, const Attentio
 template <class K, typename T>
 __device__ __forceinline__ void load_first_tiles(const QCopy<K>& q_copy, const KVCopy<K>& kv_copy,
                                                  const AttentionParams& p, const FwdCta<T>& cta, int d_valid) {
-  q_copy.load(smem_q<K>(), cta.q, p.q_row_stride, cta.rows_valid, d_valid);
+  q_copy.load(smem_q(), cta.q, p.q_row_stride, cta.rows_valid, d_valid);
   issue_k<K>(kv_copy, p, cta, 0, 0, d_valid);
   if constexpr (K::kSplitKV) {
     cp_async_commit();  // Q, K_0

@@ -60,7 +60,7 @@ using OAcc = float[K::kMT][K::kDT][4];
 // Q's A fragments into registers (kQInRegs), once Q has landed.
 template <class K>
 __device__ __forceinline__ void load_q_frags(QFrags<K>& q_frag, const SwizzleLane& q_lane, int warp_row) {
-  const uint32_t sQ = smem_q<K>();
+  const uint32_t sQ = smem_q();
 #pragma unroll
   for (int mt = 0; mt < K::kMT; ++mt)
 #pragma unroll
@@ -72,7 +72,7 @@ __device__ __forceinline__ void load_q_frags(QFrags<K>& q_frag, const SwizzleLan
 template <class K, typename T>
 __device__ __forceinline__ void qk(Scores<K>& s, const QFrags<K>& q_frag, const FragLanes& lanes, int warp_row,
                                    int slot) {
-  const uint32_t sQ = smem_q<K>();
+  const uint32_t sQ = smem_q();
 #pragma unroll
   for (int mt = 0; mt < K::kMT; ++mt)
 #pragma unroll
@@ -110,7 +110,7 @@ __device__ __forceinline__ void qk(Scores<K>& s, const QFrags<K>& q_frag, const 
 template <class K>
 __device__ __forceinline__ void share_p(const PFrags<K>& pk, const FwdThread& th) {
   using Pair = typename K::Pair;
-  const uint32_t base = smem_q<K>() + K::kPOff + th.warp * Pair::kPBytes + th.g * Pair::kPRowBytes + 4 * th.t;
+  const uint32_t base = smem_q() + K::kPOff + th.warp * Pair::kPBytes + th.g * Pair::kPRowBytes + 4 * th.t;
 #pragma unroll
   for (int mt = 0; mt < K::kMT; ++mt)
 #pragma unroll
@@ -139,7 +139,8 @@ __device__ __forceinline__ void pv_keys(OAcc<K>& acc, int slot, const SwizzleLan
   }
 }
 
-// O += P V_j: this warp's P, then (pair split) the partner's.
+// O += P V_j, P straight from the S accumulators (C layout == A layout);
+// with the pair split, then the partner's P (its keys) from shared memory.
 template <class K, typename T>
 __device__ __forceinline__ void pv(OAcc<K>& acc, const PFrags<K>& pk, const FragLanes& lanes, const FwdThread& th,
                                    int slot) {
@@ -148,7 +149,7 @@ __device__ __forceinline__ void pv(OAcc<K>& acc, const PFrags<K>& pk, const Frag
   if constexpr (K::kPairSplit) {
     uint32_t other[K::kMT][K::kKP][4];
     const uint32_t base =
-        smem_q<K>() + K::kPOff + (th.warp ^ 1) * Pair::kPBytes + (th.lane & 15) * Pair::kPRowBytes + (th.lane >> 4) * 16;
+        smem_q() + K::kPOff + (th.warp ^ 1) * Pair::kPBytes + (th.lane & 15) * Pair::kPRowBytes + (th.lane >> 4) * 16;
 #pragma unroll
     for (int mt = 0; mt < K::kMT; ++mt)
 #pragma unroll

@@ -64,13 +64,12 @@ struct FwdTraits {
 
 #if defined(__CUDACC__)
 // The kernel's dynamic shared memory, laid out as FwdTraits says.
-// NOTES: each part forms its shared-memory addresses from this symbol itself,
-// in the function that adds the tile offsets (as the Hopper backward does):
-// a base passed in as an argument had its offsets folded before the base was
-// known and the machine code changed.
+// NOTES: each part forms its shared-memory addresses from this symbol, in
+// the function that adds the tile offsets, as the Hopper backward does (there
+// a base passed in as an argument re-associated the address arithmetic and
+// changed the machine code; see sm90/bwd/traits.h).
 extern __shared__ __align__(128) uint8_t smem[];
 
-template <class K>
 __device__ __forceinline__ uint32_t smem_q() {
   return smem_addr(smem);
 }
