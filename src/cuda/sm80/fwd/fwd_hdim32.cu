@@ -1,6 +1,6 @@
 // Forward kernel instantiations for head dim 32 (one file per head dim so the
 // build compiles them in parallel).
-#include "cuda/sm80/fwd/kernel.cuh"
+#include "cuda/sm80/fwd/launch.cuh"
 
 namespace flashattn::cuda::sm80 {
 template fa_status launch_forward<32, __half>(const AttentionParams&);

@@ -1,177 +1,80 @@
-// FlashAttention-2 forward on sm_80+ tensor cores (mma.sync m16n8k16).
+// FlashAttention-2 forward on sm_80+ tensor cores (mma.sync m16n8k16),
+// assembled from its parts:
+//   traits.h       warp layout, fragment counts, shared-memory layout, pipeline (tuning.h)
+//   scheduler.cuh  block -> query tile and key-tile range; thread -> its place in the tile
+//   loads.cuh      cp.async of Q and of the K/V slots, the pipeline's waits
+//   mainloop.cuh   S = Q K^T and O += P V (mma.sync, ldmatrix)
+//   softmax.cuh    score modifiers, the mask, online softmax, the pair exchange
+//   epilogue.cuh   O / l and the logsumexp out
+//   launch.cuh     the launch (host)
 //
 // One CTA owns kBlockM query rows of one (sequence, head); each warp owns
 // kBlockM / kWarps of them (with kPairSplit, two warps share 2 * kBlockM /
 // kWarps rows: S of half the keys and O of half the head dim each, P and the
 // row maxima crossing through shared memory). The CTA walks the K/V tiles its rows can see
 // (MaskPolicy::key_begin/key_end), through kStages shared-memory slots filled
-// by cp.async (see the pipeline note in the kernel):
+// by cp.async (see the pipeline note in traits.h):
 //   S = Q K_j^T; mask and softcap (boundary tiles only); online softmax in
 //   registers; O += P V_j with P straight from the S registers
 // and writes O / l and the logsumexp once at the end.
+//
+// NOTES: the parts are force-inlined functions that take what they use as
+// arguments (or fill a small struct in place) and keep no state between
+// calls: the kernel compiles to the same SASS as the one-function kernel it
+// was cut from, for every instantiation (cuobjdump -sass, sm_80 and sm_90a).
+// The K/V loop stays here: a loop moved into a function of its own (or a
+// lambda) changed the machine code in the Hopper backward.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
-#include <string>
-#include <type_traits>
 
-#include "core/error.h"
-#include "core/layout.h"
-#include "attention/mask.h"
-#include "attention/score_mod.h"
 #include "core/numeric.h"
 #include "core/params.h"
-#include "cuda/common/launch_env.h"
-#include "cuda/common/mma.h"
-#include "cuda/common/named_barrier.h"
-#include "cuda/common/swizzle.h"
-#include "cuda/sm80/fwd/tile_copy.cuh"
-#include "cuda/sm80/fwd/tuning.h"
+#include "cuda/sm80/fwd/epilogue.cuh"
+#include "cuda/sm80/fwd/loads.cuh"
+#include "cuda/sm80/fwd/mainloop.cuh"
+#include "cuda/sm80/fwd/scheduler.cuh"
+#include "cuda/sm80/fwd/softmax.cuh"
+#include "cuda/sm80/fwd/traits.h"
 
 namespace flashattn::cuda::sm80 {
 
-// Named barrier 1 + pair for the two warps of a pair (pair split).
-__device__ __forceinline__ void pair_sync(int pair) { named_sync(1 + pair, 64); }
-
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
-// tile shape Cfg: ForwardTuning<kD> in the library (launch_forward below);
+// tile shape Cfg: ForwardTuning<kD> in the library (launch.cuh);
 // a benchmark can instantiate others to compare shapes in one process.
 template <int kD, typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks) {
-  constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kThreads = Cfg::kWarps * 32;
-  // kPairSplit (tuning.h): two warps share a row block, each holding S for
-  // half the keys and O for half the head dim.
-  using Pair = PairSplit<Cfg>;
-  constexpr int kSplit = Pair::kWarpsPerRows;
-  constexpr int kWarpRows = Pair::kWarpRows;
-  constexpr int kWarpKeys = kN / kSplit;  // columns of S in this warp
-  constexpr int kMT = kWarpRows / 16;     // m16 tiles per warp
-  constexpr int kNT = kWarpKeys / 8;      // n8 tiles of S
-  constexpr int kDT = kD / kSplit / 8;    // n8 tiles of O
-  constexpr int kKQ = kD / 16;            // k16 steps of Q K^T
-  constexpr int kKP = kWarpKeys / 16;     // k16 steps of P V per warp's P
-  static_assert(kWarpRows % 16 == 0 && kNT % 2 == 0 && kDT % 2 == 0, "tile shape");
-  static_assert(!(Cfg::kPairSplit && Cfg::kQInRegs), "pair split: Q from shared memory");
-  using QTile = SwizzledTile<kM, kD>;
-  using KVTile = SwizzledTile<kN, kD>;
-  using Mma = MmaType<T>;
+  using K = FwdTraits<kD, Cfg>;
+  constexpr int kMT = K::kMT, kDT = K::kDT, kStages = K::kStages;
+  // NOTES: the exit sits between place() and plan() as it did in the
+  // one-function kernel; one call that returned false for it moved the
+  // operand pointers' arithmetic (different PTX). The head dim is read once
+  // here: read from p inside the loads, it was loaded again at each tile.
+  FwdCta<T> cta;
+  cta.template place<K>(p, m_blocks);
+  if (cta.past_sequence()) return;
+  cta.template plan<K>(p);
+  FwdThread th;
+  th.place<K>();
+  const int d_valid = p.head_dim;  // columns past it are zero-filled
 
-  extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t sQ = smem_addr(smem);
-  const uint32_t sKV = sQ + QTile::kBytes;  // slot s: K at 2s, V at 2s+1 tiles
-  auto sK = [&](int slot) { return sKV + (2 * slot) * KVTile::kBytes; };
-  auto sV = [&](int slot) { return sKV + (2 * slot + 1) * KVTile::kBytes; };
-  // Pair split only: each warp's P and row maxima (or sums), after the K/V slots.
-  const uint32_t sP = sKV + 2 * kStages * KVTile::kBytes;
-  float* const s_rows = reinterpret_cast<float*>(smem + (sP - sQ) + Cfg::kWarps * Pair::kPBytes);
-
-  // NOTES: blocks of one (sequence, head) are adjacent in launch order so they
-  // share K/V in L2; inside it the last query block goes first, since with a
-  // bottom-right mask it sees the most keys (heaviest work first, light tail).
-  const int bh = blockIdx.x / m_blocks;
-  const int m_block = m_blocks - 1 - static_cast<int>(blockIdx.x % m_blocks);
-  const int h = bh % p.heads_q, b = bh / p.heads_q;
-  const SequenceInfo seq = sequence_info(p, b);
-  const int m0 = m_block * kM;
-  if (m0 >= seq.seqlen_q) return;
-  const MaskPolicy mask = mask_for(p, seq);
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int hk = h / (p.heads_q / p.heads_kv);
-  const int rows_valid = min(kM, seq.seqlen_q - m0);
-
-  const T* q = static_cast<const T*>(p.q) +
-               row_offset(b, seq.row_q, m0, h, p.q_batch_stride, p.q_row_stride, p.q_head_stride, varlen);
-  const T* k = static_cast<const T*>(p.k) +
-               row_offset(b, seq.row_k, 0, hk, p.k_batch_stride, p.k_row_stride, p.k_head_stride, varlen);
-  const T* v = static_cast<const T*>(p.v) +
-               row_offset(b, seq.row_k, 0, hk, p.v_batch_stride, p.v_row_stride, p.v_head_stride, varlen);
-
-  // Key tiles [n_first, n_first + n_tiles): only those some row here can see.
-  const int key_lo = mask.key_begin(m0), key_hi = mask.key_end(m0 + rows_valid);
-  const int n_first = key_lo / kN;
-  const int n_tiles = key_hi > key_lo ? (key_hi + kN - 1) / kN - n_first : 0;
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int half = warp % kSplit;              // which half of the keys / head dim (pair split)
-  const int warp_row = warp / kSplit * kWarpRows;  // first row of this warp in the tile
-  const int key_off = half * kWarpKeys;        // first key column of this warp's S
-  const int d_valid = p.head_dim;         // columns past it are zero-filled
-
-  const TileCopy<QTile, kThreads> q_copy(tid);
-  const TileCopy<KVTile, kThreads, Cfg::kFastWholeTiles> kv_copy(tid);
-  // Tile j of K (V) is loaded into slot j % kStages.
-  auto issue_k = [&](int j, int slot) {
-    if (j < n_tiles) {
-      const int n0 = (n_first + j) * kN;
-      kv_copy.load(sK(slot), k + n0 * p.k_row_stride, p.k_row_stride, seq.seqlen_k - n0, d_valid);
-    }
-  };
-  auto issue_v = [&](int j, int slot) {
-    if (j < n_tiles) {
-      const int n0 = (n_first + j) * kN;
-      kv_copy.load(sV(slot), v + n0 * p.v_row_stride, p.v_row_stride, seq.seqlen_k - n0, d_valid);
-    }
-  };
-  // Two pipelines (cp.async groups are committed even when empty, so the wait
-  // counts stay the same on every tile):
-  //  kStages == 1: K and V in separate groups; V_j loads during Q K_j^T and
-  //    K_{j+1} during P V_j; two barriers per tile (FlashAttention-2's scheme,
-  //    least shared memory).
-  //  kStages >= 2: K_j and V_j in one group, kStages - 1 tiles ahead; one
-  //    barrier per tile.
-  constexpr bool kSplitKV = kStages == 1;
-  constexpr int kPending = kSplitKV ? 0 : kStages - 2;  // groups allowed in flight at a wait
-  q_copy.load(sQ, q, p.q_row_stride, rows_valid, d_valid);
-  issue_k(0, 0);
-  if constexpr (kSplitKV) {
-    cp_async_commit();  // Q, K_0
-  } else {
-    issue_v(0, 0);
-    cp_async_commit();  // Q, K_0, V_0
-#pragma unroll
-    for (int s = 1; s < kStages - 1; ++s) {
-      issue_k(s, s);
-      issue_v(s, s);
-      cp_async_commit();
-    }
-  }
+  const QCopy<K> q_copy(th.tid);
+  const KVCopy<K> kv_copy(th.tid);
+  load_first_tiles<K>(q_copy, kv_copy, p, cta, d_valid);
 
   // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
   // With a softcap, s -> softcap * tanh(s * scale / softcap) is already scaled.
   const bool softcap = p.softcap > 0.0f;
   const float scale_log2 = softcap ? kLog2e : p.scale * kLog2e;
 
-  // ldmatrix.x4 row addresses. Q and V: matrix i = lane / 8 covers rows
-  // 8*(i%2)..+7 and chunk i/2 of a 16x16 block; Q gets the A fragment in order,
-  // V (keys x d, transposed) b0, b1 of d-tile 0, then of d-tile 1. K (keys x d):
-  // matrix i covers keys 8*(i/2)..+7 and chunk i%2, so the registers are b0, b1
-  // of n-tile 0, then of n-tile 1.
-  // NOTES: mma.sync takes its B operand as a pair of consecutive registers. With
-  // the Q pattern for K the pairs came out as (r0, r2), (r1, r3), and ptxas
-  // spent ~1.3 MOVs per mma re-pairing them (and registers to hold the copies).
-  const auto frag_lane = QTile::lane(lane & 15, lane >> 4);
-  static_assert(QTile::kAtom == KVTile::kAtom, "Q and K/V tiles share the swizzle");
-  // K rows from this warp's first key; V rows from its own (v_own) or the
-  // partner's (v_other) first key and columns from its first O column. The
-  // offsets are multiples of 8 rows and of whole 8-chunk blocks, so they fold
-  // into the lane's base (the swizzle depends on row % 8 and chunk % 8 only).
-  const auto k_lane = KVTile::lane(((lane & 7) | ((lane >> 4) << 3)) + key_off, (lane >> 3) & 1);
-  auto v_lane_at = [&](int key0) {
-    auto l = KVTile::lane((lane & 15) + key0, lane >> 4);
-    l.row_bytes += half * (kDT / KVTile::kAtom) * KVTile::kRows * KVTile::kAtom * 16;
-    return l;
-  };
-  static_assert(!Cfg::kPairSplit || kDT % KVTile::kAtom == 0, "pair split: O halves of whole swizzle blocks");
-  const auto v_own = v_lane_at(key_off);
-  const auto v_other = v_lane_at(kWarpKeys - key_off);
+  FragLanes lanes;
+  lanes.build<K>(th);
 
-  float acc[kMT][kDT][4];
+  OAcc<K> acc;
   float row_max[kMT][2], row_sum[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -182,382 +85,42 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.0f;
   }
-  uint32_t q_frag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kKQ : 1][4];
+  QFrags<K> q_frag;
+  PFrags<K> pk;  // P of the tile as 16-bit A fragments (online_softmax)
 
-  // The four steps of a K/V tile, as lambdas so the two loops below share them:
-  //   qk: S = Q K^T for the K tile in `slot`
-  //   mask_scores: softcap and the per-element mask (boundary tiles, softcap)
-  //   softmax: online softmax over S, P left in pk as 16-bit A fragments
-  //   pv: O += P V for the V tile in `slot`
-  using Scores = float[kMT][kNT][4];
-  uint32_t pk[kMT][kKP][4];
-  auto qk = [&](Scores& s, int slot) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        if constexpr (Cfg::kQInRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][kk][e];
-        } else {
-          ldmatrix_x4(a[mt], sQ + QTile::at(frag_lane, warp_row + mt * 16, kk * 2));
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, sK(slot) + KVTile::at(k_lane, np * 16, kk * 2));
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma_m16n8k16<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-        }
-      }
-    }
-  };
-
-  // fn(score, row, key) on every element of this warp's S (keys from n0).
-  auto for_each_score = [&](Scores& s, int n0, auto&& fn) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          fn(s[mt][nt][e], m0 + warp_row + mt * 16 + g + (e >> 1) * 8, n0 + nt * 8 + 2 * t + (e & 1));
-  };
-
-  // Softcap, s -> softcap * tanh(s * scale / softcap), ALiBi, and the mask (-inf where
-  // key col of row is not visible).
-  // NOTES: tanh(x) = 1 - 2 / (e^(2x) + 1): one ex2 and one rcp, no branch.
-  // libm tanhf branches on |x|, and at d = 64, N = 128 that body spilled; the
-  // error is ~1e-7 * softcap absolute, and +-inf / NaN come out as +-1 / NaN.
-  // Two forms of the same mask, picked by tile width because ptxas, at 255
-  // registers, spills one or the other (bytes of spill stores, -Xptxas -v):
-  //  - per row, bounds [lo, hi) relative to this lane's first column n0 + 2t,
-  //    compared with a compile-time column per element (kNT >= 16: d = 64 at
-  //    128x128; the per-element form spilled 100 bytes there, sm_80 build);
-  //  - per element, visible(row, col) (narrower tiles: the per-row form
-  //    spilled 112 bytes at d = 128, 128x64, one stage, sm_90a build).
-  auto mask_scores = [&](Scores& s, int n0) {
-    if (softcap) {
-      const float cap_in2 = 2.0f * kLog2e * p.scale / p.softcap;
-      const float cap2 = -2.0f * p.softcap;
-      for_each_score(s, n0, [&](float& x, int, int) {
-        x = fmaf(cap2, fast_rcp(fast_exp2(x * cap_in2) + 1.0f), p.softcap);
-      });
-    }
-    if (p.has_alibi()) {
-      // ALiBi (score_mod.h) in the units of s: the logit bias divided by the
-      // factor scale_log2 / log2 e that s still gets (1 with softcap). Built
-      // here, not held across the loop (at d 256 that spilled).
-      const AlibiScore alibi_s{p.alibi_slope(b, h) / (softcap ? 1.0f : p.scale), mask.diagonal_offset()};
-      for_each_score(s, n0, [&](float& x, int row, int col) { x = alibi_s(x, row, col); });
-    }
-    if constexpr (kNT >= 16) {
-      const int col0 = n0 + 2 * t;
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = m0 + warp_row + mt * 16 + g + hf * 8;
-          const int lo = mask.first_key(row) - col0;
-          const int hi = min(mask.end_key(row), mask.seqlen_k) - col0;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-              const int c = nt * 8 + (e & 1);
-              if (c < lo || c >= hi) s[mt][nt][e] = -INFINITY;
-            }
-        }
-    } else {
-      for_each_score(s, n0, [&](float& x, int row, int col) {
-        if (!mask.visible(row, col)) x = -INFINITY;
-      });
-    }
-  };
-
-  // Pair split: a row value of this warp (lanes t == 0 hold it) combined with
-  // the partner warp's through shared memory; both warps get the same result.
-  // NOTES: the two warps of a pair meet at named barrier 1 + pair (64 threads).
-  // A warp writes its slot again only after the next barrier both pass, by
-  // which time the partner has read it.
-  auto pair_combine = [&](float (&v)[kMT][2], bool sum) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        if (t == 0) s_rows[warp * kWarpRows + mt * 16 + hf * 8 + g] = v[mt][hf];
-    pair_sync(warp / kSplit);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float other = s_rows[(warp ^ 1) * kWarpRows + mt * 16 + hf * 8 + g];
-        v[mt][hf] = sum ? v[mt][hf] + other : fmaxf(v[mt][hf], other);
-      }
-  };
-
-  // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
-  auto softmax = [&](Scores& s) {
-    float new_max[kMT][2];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = row_max[mt][hf];
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-        new_max[mt][hf] = quad_max(mx);
-      }
-    if constexpr (Cfg::kPairSplit) pair_combine(new_max, /*sum=*/false);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float mx = new_max[mt][hf];
-        // A row with nothing visible yet keeps m = -inf; subtracting 0 then
-        // gives P = 2^-inf = 0 and no NaN.
-        const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-        const float corr = fast_exp2(row_max[mt][hf] * scale_log2 - m_scaled);
-        row_max[mt][hf] = mx;
-        // P of this row to 16 bits right away (registers hf of the A
-        // fragment: a0/a2 row g, a1/a3 row g + 8), so S dies row by row.
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
-          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
-          sum += p0 + p1;
-          pk[mt][nt / 2][hf + 2 * (nt % 2)] = Mma::pack(p0, p1);
-        }
-        row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          acc[mt][dt][2 * hf] *= corr;
-          acc[mt][dt][2 * hf + 1] *= corr;
-        }
-      }
-  };
-
-  // Pair split: this warp's P to shared memory, as rows of kWarpKeys 16-bit
-  // values (stride Pair::kPRowBytes: A-fragment stores and ldmatrix reads
-  // are both conflict-free), for the partner's P V.
-  auto share_p = [&]() {
-    const uint32_t base = sP + warp * Pair::kPBytes + g * Pair::kPRowBytes + 4 * t;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < kKP; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st_shared_b32(base + (mt * 16 + (e & 1) * 8) * Pair::kPRowBytes + (kk * 16 + (e >> 1) * 8) * 2,
-                        pk[mt][kk][e]);
-  };
-
-  // O += P V_j, P straight from the S accumulators (C layout == A layout);
-  // with the pair split, then the partner's P (its keys) from shared memory.
-  auto pv_keys = [&](int slot, const SwizzleLane& v_lane, const uint32_t (&a)[kMT][kKP][4]) {
-#pragma unroll
-    for (int kk = 0; kk < kKP; ++kk) {
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, sV(slot) + KVTile::at(v_lane, kk * 16, dp * 2));
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(acc[mt][2 * dp], a[mt][kk], bv[0], bv[1]);
-          mma_m16n8k16<T>(acc[mt][2 * dp + 1], a[mt][kk], bv[2], bv[3]);
-        }
-      }
-    }
-  };
-  auto pv = [&](int slot) {
-    pv_keys(slot, v_own, pk);
-    if constexpr (Cfg::kPairSplit) {
-      uint32_t other[kMT][kKP][4];
-      const uint32_t base = sP + (warp ^ 1) * Pair::kPBytes + (lane & 15) * Pair::kPRowBytes + (lane >> 4) * 16;
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < kKP; ++kk)
-          ldmatrix_x4(other[mt][kk], base + mt * 16 * Pair::kPRowBytes + kk * 32);
-      pv_keys(slot, v_other, other);
-    }
-  };
-
-  if constexpr (Cfg::kQInRegs) {
-    if (n_tiles > 0) {
-      cp_async_wait<kPending>();  // Q (with K_0) landed
+  if constexpr (K::kQInRegs) {
+    if (cta.n_tiles > 0) {
+      cp_async_wait<K::kPending>();  // Q (with K_0) landed
       __syncthreads();
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk)
-          ldmatrix_x4(q_frag[mt][kk], sQ + QTile::at(frag_lane, warp_row + mt * 16, kk * 2));
+      load_q_frags<K>(q_frag, lanes.q, th.warp_row);
     }
   }
 
-  // Only tiles the mask cuts (or that run past seqlen_k) pay for masking;
-  // a score modifier (softcap, ALiBi) takes the same body on every tile.
-  auto needs_mask = [&](int n0) {
-    return softcap || p.has_alibi() || !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kN);
-  };
-
-  for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = (n_first + j) * kN;
+  for (int j = 0; j < cta.n_tiles; ++j) {
+    const int n0 = (cta.n_first + j) * K::kN;
     const int slot = j % kStages;
-    if constexpr (kSplitKV) {
-      cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
-      __syncthreads();     // ... for every thread; V_{j-1} is no longer read
-      issue_v(j, 0);
-      cp_async_commit();
-    } else {
-      cp_async_wait<kPending>();  // tile j (and, at j = 0, Q) landed
-      __syncthreads();            // ... for every thread; the slot of tile j-1 is free
-      issue_k(j + kStages - 1, (j + kStages - 1) % kStages);
-      issue_v(j + kStages - 1, (j + kStages - 1) % kStages);
-      cp_async_commit();
-    }
+    await_tile<K>(kv_copy, p, cta, j, d_valid);
 
     // Two bodies, chosen once per tile: the plain one has no branch between
     // the first mma and the last exp2, so the compiler interleaves freely.
     // NOTES: a runtime `if` around the mask inside one body split it into
     // basic blocks; two bodies measured faster (docs/performance.md).
-    Scores s;
-    if (needs_mask(n0)) {
-      qk(s, slot);
-      mask_scores(s, n0 + key_off);
-      softmax(s);
+    Scores<K> s;
+    if (needs_mask<K>(p, cta, softcap, n0)) {
+      qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
+      mask_scores<K>(s, p, cta, th, softcap, n0 + th.key_off);
+      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     } else {
-      qk(s, slot);
-      softmax(s);
+      qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
+      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     }
-    if constexpr (Cfg::kPairSplit) share_p();
+    if constexpr (K::kPairSplit) share_p<K>(pk, th);
 
-    if constexpr (kSplitKV) {
-      cp_async_wait<0>();  // V_j landed
-      __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
-      issue_k(j + 1, 0);
-      cp_async_commit();
-    } else if constexpr (Cfg::kPairSplit) {
-      pair_sync(warp / kSplit);  // the partner's P
-    }
-    pv(slot);
+    await_v<K>(kv_copy, p, cta, j, th.warp, d_valid);
+    pv<K, T>(acc, pk, lanes, th, slot);
   }
 
-  // Epilogue: O / l through shared memory (Q's slot) for 16-byte stores;
-  // lse = ln(l) + m * scale. A row that saw no key: O = 0, lse = -inf.
-  // With the pair split, l sums both warps' halves of the keys.
-  // NOTES: every row of this lane is g modulo 8, so all share one swizzle:
-  // addresses are a lane base plus kAtom XOR-ed chunk offsets plus constants
-  // (QTile::offset per row computed the swizzle again for each of 64 stores:
-  // ~350 integer instructions per warp at d256).
-  float l_rows[kMT][2];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) l_rows[mt][hf] = quad_sum(row_sum[mt][hf]);
-  if constexpr (Cfg::kPairSplit) pair_combine(l_rows, /*sum=*/true);
-  // Not at kNT >= 16 (d64's 128-key S): ptxas then spilled 8 bytes in the K/V loop.
-  constexpr bool kFastOStaging = kFastStores && kNT < 16;
-  const auto o_lane = QTile::lane(g, 0);
-  const uint32_t o_base =
-      sQ + (warp_row * QTile::kAtom + half * (kDT / QTile::kAtom) * kM * QTile::kAtom) * 16 + 4 * t;
-  cp_async_wait<0>();
-  __syncthreads();
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float l = l_rows[mt][hf];
-      // Empty: l == 0 exactly (l >= 1 once a key is seen). A NaN score that
-      // fmaxf kept out of m still made its P, and so l, NaN: NaN O and lse.
-      const bool empty = l == 0.0f;
-      float inv = empty ? 0.0f : 1.0f / l;
-      float lse = empty ? -INFINITY : (row_max[mt][hf] * scale_log2 + log2f(l)) * kLn2;
-      if (p.has_sinks()) {  // the sink's share of the denominator (score_mod.h)
-        const AttentionSink sink{p.sinks[h]};
-        const float lse_keys = lse;
-        lse = sink.lse(lse_keys);
-        inv *= sink.output_factor(lse_keys, lse);
-      }
-      const int r = warp_row + mt * 16 + g + hf * 8;
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) {
-        const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
-        if constexpr (kFastOStaging) {
-          st_shared_b32(o_base + QTile::at(o_lane, mt * 16 + hf * 8, dt), packed);
-        } else {
-          *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, half * kDT + dt) + 4 * t) = packed;
-        }
-      }
-      if (p.lse != nullptr && half == 0 && t == 0 && r < rows_valid) {
-        const int64_t off = varlen ? h * p.lse_head_stride + (seq.row_q + m0 + r) * p.lse_row_stride
-                                   : b * p.lse_batch_stride + h * p.lse_head_stride +
-                                         static_cast<int64_t>(m0 + r) * p.lse_row_stride;
-        p.lse[off] = lse;
-      }
-    }
-  __syncthreads();
-  T* o = static_cast<T*>(p.out) +
-         row_offset(b, seq.row_q, m0, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride, varlen);
-  q_copy.store(o, p.o_row_stride, smem, rows_valid, d_valid);
-}
-
-// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg on p.stream.
-template <int kD, typename T, class Cfg>
-fa_status launch_forward_with(const AttentionParams& p) {
-  const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
-  if (ctas == 0) return FA_OK;
-  if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
-  constexpr int kSmem = forward_smem_bytes<Cfg>(kD);
-  auto kernel = forward_kernel<kD, T, Cfg>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return fail(FA_ERROR_DEVICE, std::string("forward kernel (head dim ") + std::to_string(kD) +
-                                     ") needs " + std::to_string(kSmem) +
-                                     " bytes of shared memory: " + cudaGetErrorString(err));
-  }
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kWarps * 32, kSmem,
-           static_cast<cudaStream_t>(p.stream)>>>(p, m_blocks);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return fail(FA_ERROR_DEVICE, std::string("forward kernel launch: ") + cudaGetErrorString(err));
-  }
-  return FA_OK;
-}
-
-// A tile shape with its warps in the plain layout (no pair split).
-template <class Cfg>
-struct WithoutPairSplit : Cfg {
-  static constexpr bool kPairSplit = false;
-};
-
-template <int kD, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  using Cfg = ForwardTuning<kD>;
-  if constexpr (Cfg::kPairSplit) {
-    // NOTES: the pair split's P exchange takes d 256 past the 99 KB of shared
-    // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
-    // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
-    // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
-    if (env_switch("FLASHATTN_FWD_NO_PAIR_SPLIT") || forward_smem_bytes<Cfg>(kD) > current_device_smem_optin()) {
-      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
-    }
-  }
-  return launch_forward_with<kD, T, Cfg>(p);
+  write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid);
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -78,7 +78,7 @@ struct ForwardTuning<256> : Sm80Tile<64, 64, 1, false, true, true> {};
 // Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a
 // block of rows; each keeps S for its half of the keys and O for its half of
 // the head dim, so P and the row maxima (and, at the end, the row sums) cross
-// between the two through shared memory (kernel.cuh).
+// between the two through shared memory (mainloop.cuh, softmax.cuh).
 template <class Cfg>
 struct PairSplit {
   static constexpr int kWarpsPerRows = Cfg::kPairSplit ? 2 : 1;

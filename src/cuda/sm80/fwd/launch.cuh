@@ -1,0 +1,64 @@
+// The sm80 forward's launch (host): grid, shared memory, and the choice
+// between the tuned tile shape and its plain-layout fallback.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "core/params.h"
+#include "cuda/common/launch_env.h"
+#include "cuda/sm80/fwd/kernel.cuh"
+#include "cuda/sm80/fwd/tuning.h"
+
+namespace flashattn::cuda::sm80 {
+
+// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg on p.stream.
+template <int kD, typename T, class Cfg>
+fa_status launch_forward_with(const AttentionParams& p) {
+  const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
+  if (ctas == 0) return FA_OK;
+  if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
+  constexpr int kSmem = forward_smem_bytes<Cfg>(kD);
+  auto kernel = forward_kernel<kD, T, Cfg>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fail(FA_ERROR_DEVICE, std::string("forward kernel (head dim ") + std::to_string(kD) +
+                                     ") needs " + std::to_string(kSmem) +
+                                     " bytes of shared memory: " + cudaGetErrorString(err));
+  }
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kWarps * 32, kSmem,
+           static_cast<cudaStream_t>(p.stream)>>>(p, m_blocks);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return fail(FA_ERROR_DEVICE, std::string("forward kernel launch: ") + cudaGetErrorString(err));
+  }
+  return FA_OK;
+}
+
+// A tile shape with its warps in the plain layout (no pair split).
+template <class Cfg>
+struct WithoutPairSplit : Cfg {
+  static constexpr bool kPairSplit = false;
+};
+
+template <int kD, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  using Cfg = ForwardTuning<kD>;
+  if constexpr (Cfg::kPairSplit) {
+    // NOTES: the pair split's P exchange takes d 256 past the 99 KB of shared
+    // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
+    // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
+    // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
+    if (env_switch("FLASHATTN_FWD_NO_PAIR_SPLIT") || forward_smem_bytes<Cfg>(kD) > current_device_smem_optin()) {
+      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
+    }
+  }
+  return launch_forward_with<kD, T, Cfg>(p);
+}
+
+}  // namespace flashattn::cuda::sm80
