@@ -78,11 +78,6 @@ INSTANTIATE_TEST_SUITE_P(Suite, CpuBlockSparse,
                          ::testing::ValuesIn(block_sparse_suite({FA_F32, FA_F16, FA_BF16}, suite_head_dims())),
                          [](const auto& info) { return info.param.name(); });
 
-void expect_same_bytes(const HostTensor& a, const HostTensor& b, const char* what) {
-  ASSERT_EQ(a.bytes.size(), b.bytes.size()) << what;
-  EXPECT_EQ(std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()), 0) << what << " differs";
-}
-
 // Forward and backward of p with its block mask and of p without one: bitwise equal.
 void expect_block_mask_is_dense(Problem p, const fa_options& dense_options) {
   CpuResults sparse, dense;
@@ -90,11 +85,7 @@ void expect_block_mask_is_dense(Problem p, const fa_options& dense_options) {
   p.use_block_mask = false;
   p.options = dense_options;
   ASSERT_TRUE(run_cpu(p, true, dense));
-  expect_same_bytes(sparse.out, dense.out, "out");
-  expect_same_bytes(sparse.lse, dense.lse, "lse");
-  expect_same_bytes(sparse.dq, dense.dq, "dq");
-  expect_same_bytes(sparse.dk, dense.dk, "dk");
-  expect_same_bytes(sparse.dv, dense.dv, "dv");
+  expect_same_results(sparse, dense);
 }
 
 // Every case of the suite at density 1 (and with dropout): the same bits as dense.
@@ -110,46 +101,14 @@ TEST(BlockSparse, DensityOneIsDenseBitwise) {
   }
 }
 
-// The block classes create_block_mask derives from a mask_mod: a block with
-// no visible pair is left out, one with every pair visible (inside both
-// sequences) is full, the rest partial.
-BlockClasses classes_of(const Problem& p, int block_q, int block_k, const std::function<bool(int, int)>& mask_mod) {
-  BlockClasses bc(block_q, block_k, 1, 1, p.c.seqlen_q, p.c.seqlen_k);
-  for (int qb = 0; qb < bc.q_blocks; ++qb) {
-    for (int kb = 0; kb < bc.k_blocks; ++kb) {
-      int visible = 0, pairs = 0;
-      for (int i = qb * block_q; i < std::min(p.c.seqlen_q, (qb + 1) * block_q); ++i) {
-        for (int j = kb * block_k; j < std::min(p.c.seqlen_k, (kb + 1) * block_k); ++j) {
-          visible += mask_mod(i, j) ? 1 : 0;
-          ++pairs;
-        }
-      }
-      bc.at(0, 0, qb, kb) = visible == 0 ? 0 : (visible == pairs ? 2 : 1);
-    }
-  }
-  return bc;
-}
-
 // create_block_mask's causal and sliding-window masks, with the same element
 // mask in the options: bitwise the dense causal / windowed call (blocks left
 // out hold no visible pair, and tiles whose pairs are all listed are the
 // dense tiles).
 TEST(BlockSparse, FlexCausalAndSlidingWindowMasksAreDenseBitwise) {
-  for (auto [sq, sk] : std::vector<std::pair<int, int>>{{203, 203}, {113, 203}, {203, 113}, {7, 7}}) {
-    for (int window : {-1, 40}) {
-      for (auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {16, 48}, {64, 64}}) {
-        Case c = make_case(FA_F32, sq, sk, 64, 4000 + sq + bq + window);
-        c.causal = true;
-        c.window_left = window;
-        SCOPED_TRACE(c.name() + " blocks " + std::to_string(bq) + "x" + std::to_string(bk));
-        Problem p = make_problem(c);
-        const int offset = sk - sq;  // bottom-right aligned, as the options
-        set_block_mask(p, classes_of(p, bq, bk, [&](int i, int j) {
-                         return j <= i + offset && (window < 0 || j >= i + offset - window);
-                       }));
-        expect_block_mask_is_dense(p, p.options);
-      }
-    }
+  for (auto& [label, p] : flex_causal_window_problems(FA_F32, {64}, 4000)) {
+    SCOPED_TRACE(label);
+    expect_block_mask_is_dense(p, p.options);
   }
 }
 
@@ -438,15 +397,24 @@ TEST(BlockSparse, EntriesPastTheCountAreIgnored) {
   EXPECT_TRUE(run_cpu(p, false, r));
 }
 
-// The CUDA backend has no block-sparse kernels: refused before anything is read.
-TEST(BlockSparse, CudaBackendRefusesBlockMasks) {
+// CUDA calls take the same host lists (validated here, then copied to the
+// device by the CUDA backend); lists in device memory are refused, named.
+TEST(BlockSparse, CudaCallsValidateHostLists) {
   const Problem p = validation_problem();
   AttentionParams params = p.host_params();
   params.block_mask = BlockMaskView{};
   params.device = FA_DEVICE_CUDA;
   (void)p.extras();
-  EXPECT_EQ(apply_block_mask(&p.block_mask, &params), FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fa_last_error()).find("CUDA backend has no block-sparse kernels"), std::string::npos);
+  EXPECT_EQ(apply_block_mask(&p.block_mask, &params), FA_OK) << fa_last_error();
+  EXPECT_TRUE(params.has_block_mask());
+  fa_tensor device_num = *p.block_mask.kv_num_blocks;
+  device_num.device = FA_DEVICE_CUDA;
+  fa_block_mask m = p.block_mask;
+  m.kv_num_blocks = &device_num;
+  params.block_mask = BlockMaskView{};
+  EXPECT_EQ(apply_block_mask(&m, &params), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("block_mask.kv_num_blocks must be host memory"), std::string::npos)
+      << fa_last_error();
   EXPECT_FALSE(params.has_block_mask());
 }
 

@@ -118,10 +118,12 @@ def _dropout_kwargs(dropout):
 
 def _block_lists(parts):
     """A block mask's parts (block_q, block_k, 4 int32 lists or None) with the lists as
-    contiguous tensors (NumPy arrays are taken without a copy)."""
+    contiguous host tensors (NumPy arrays are taken without a copy; lists on a GPU, as
+    create_block_mask(device="cuda") makes them, are copied to the host: the library
+    reads them there and copies what its kernels need to the device, docs/variants.md)."""
     if parts is None:
         return None
-    return parts[:2] + tuple(None if t is None else torch.as_tensor(t).contiguous() for t in parts[2:])
+    return parts[:2] + tuple(None if t is None else torch.as_tensor(t).cpu().contiguous() for t in parts[2:])
 
 
 def _block_args(parts):

@@ -22,7 +22,8 @@ S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),
 float32: 1 / (1 - dropout_p) where kept, 0 where dropped (flash-attn encodes
 the same pattern in the sign of its S_dmask); None without dropout.
 
-Block-sparse attention (keyword block_mask=, host tensors, CPU backend for now): a
+Block-sparse attention (keyword block_mask=, on the CPU and on CUDA; lists on a GPU
+are copied to the host per call, and under CUDA-graph capture a mask is refused): a
 FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
 flashattn.BlockMask (the same attributes over int32 NumPy arrays or tensors). Each
 query block visits only its listed key blocks; the element mask of the call (causal,

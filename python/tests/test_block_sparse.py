@@ -306,3 +306,58 @@ def test_torch_opcheck_with_block_mask():
     out, lse = torch.ops.flashattn.fwd(*args)
     torch.library.opcheck(torch.ops.flashattn.bwd.default,
                           (torch.randn(out.shape, generator=gen), q, q, q, out, lse) + args[3:])
+
+
+def _cuda_torch():
+    torch, flex = _flex()
+    if not torch.cuda.is_available() or not flashattn._capi.backend_available("cuda"):
+        pytest.skip("no CUDA device (or the library has no CUDA backend)")
+    return torch, flex
+
+
+def _bf16_error_bound(torch, q, k, v, visible, got, dout):
+    """max |got - exact| per output and gradient against 2 x that of naive bf16 attention
+    plus a small atol (tests/common/harness: the library's tolerance rule)."""
+    exact_in = tuple(t.detach().double().requires_grad_() for t in (q, k, v))
+    naive_in = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+    exact = _torch_ref(*exact_in, visible)
+    naive = _torch_ref(*naive_in, visible)
+    want = (exact,) + torch.autograd.grad(exact, exact_in, dout.double())
+    rough = (naive,) + torch.autograd.grad(naive, naive_in, dout)
+    for name, g, w, r in zip(("out", "dq", "dk", "dv"), got, want, rough):
+        err = (g.double() - w).abs().max().item()
+        bound = 2 * (r.double() - w).abs().max().item() + 1e-3
+        assert err <= bound, f"{name}: error {err} > {bound}"
+
+
+@pytest.mark.parametrize("kind", ["causal", "sliding_window", "documents"])
+@pytest.mark.parametrize("block", [128, (32, 64)])
+def test_cuda_create_block_mask(kind, block, monkeypatch):
+    """A BlockMask built on the GPU (create_block_mask(device="cuda")) on CUDA tensors:
+    values and gradients within the bf16 tolerance of float64 autograd; the causal and
+    sliding-window masks equal the dense sm80 call bitwise (forward; block masks run
+    the sm80 kernels, so the dense call is routed there too)."""
+    torch, flex = _cuda_torch()
+    n, window = 448, 100
+    docs = torch.tensor([0] * 128 + [1] * 64 + [2] * 192 + [3] * 64, device="cuda")
+
+    def mask_mod(b, h, i, j):
+        if kind == "documents":
+            return (docs[i] == docs[j]) & (i >= j)
+        return (i >= j) & (i - j <= window) if kind == "sliding_window" else i >= j
+
+    bm = flex.create_block_mask(mask_mod, None, None, n, n, device="cuda", BLOCK_SIZE=block)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(2, n, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    window_size = (window, 0) if kind == "sliding_window" else (-1, -1)
+    out = flashattn.flash_attn_func(q, k, v, causal=True, window_size=window_size, block_mask=bm)
+    dout = torch.randn(out.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    got = (out,) + torch.autograd.grad(out, (q, k, v), dout)
+    i = torch.arange(n, device="cuda")[:, None]
+    j = torch.arange(n, device="cuda")[None, :]
+    _bf16_error_bound(torch, q, k, v, mask_mod(0, 0, i, j), got, dout)
+    if kind != "documents":
+        monkeypatch.setenv("FLASHATTN_DISABLE_SM90", "1")
+        dense = flashattn.flash_attn_func(q, k, v, causal=True, window_size=window_size)
+        assert torch.equal(out, dense)

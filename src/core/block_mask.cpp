@@ -36,7 +36,8 @@ fa_status check_int_tensor(const fa_tensor* t, const char* name, int ndim) {
                                                std::to_string(enum_code(t->dtype)));
   }
   if (enum_code(t->device) != FA_DEVICE_CPU) {
-    return fail(FA_ERROR_INVALID_ARGUMENT, n + " must be host memory (the lists are read on the host)");
+    return fail(FA_ERROR_INVALID_ARGUMENT, n + " must be host memory (the lists are read on the host, and copied "
+                                               "to the device for CUDA calls)");
   }
   int64_t elements = 1;
   for (int i = 0; i < ndim; ++i) {
@@ -123,12 +124,7 @@ fa_status check_entries(const BlockMaskView& m, const ListArgs& partial, const L
   return FA_OK;
 }
 
-fa_status check_header(const fa_block_mask& m, const AttentionParams& p) {
-  if (p.device == FA_DEVICE_CUDA) {
-    return fail(FA_ERROR_UNSUPPORTED,
-                "block_mask: the CUDA backend has no block-sparse kernels yet (docs/variants.md); "
-                "host tensors run it on the CPU backend");
-  }
+fa_status check_header(const fa_block_mask& m) {
   for (int32_t r : m.reserved) {
     if (r != 0) return fail(FA_ERROR_INVALID_ARGUMENT, "block_mask.reserved must be zero");
   }
@@ -149,7 +145,7 @@ int blocks_of(int length, int block) { return static_cast<int>((int64_t{length} 
 
 fa_status apply_block_mask(const fa_block_mask* mask, AttentionParams* p) {
   if (mask == nullptr) return FA_OK;
-  FA_RETURN_IF_ERROR(check_header(*mask, *p));
+  FA_RETURN_IF_ERROR(check_header(*mask));
   BlockMaskView m;
   m.block_q = mask->block_q;
   m.block_k = mask->block_k;

@@ -3,7 +3,8 @@
 // and its pre/post passes around whichever main kernel runs.
 //   forward:  sm90 where can_run_forward(p) (a 9.0 device, shapes TMA can
 //             describe, FLASHATTN_DISABLE_SM90 unset), else sm80;
-//             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80.
+//             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80; a block
+//             mask runs sm80 (the Hopper kernels have no block-sparse walk).
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p),
 //             else sm80's, then the post-pass, all on p.stream.
 #include <cuda_bf16.h>
@@ -36,7 +37,7 @@ fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
   FA_RETURN_IF_ERROR(bwd::run_sink_grad(p, ws));
   fa_status s = FA_ERROR_UNSUPPORTED;
-  if (sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
+  if (!p.has_block_mask() && sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_backward_main(p, ws);
   FA_RETURN_IF_ERROR(s);
   return bwd::run_postpass<T>(p, ws);
@@ -61,7 +62,7 @@ bwd::WorkspacePlan plan_backward_workspace(const AttentionParams& p) {
 
 fa_status forward(const AttentionParams& p) {
   DeviceGuard guard(p.device_index);
-  if (sm90::can_run_forward(p))
+  if (!p.has_block_mask() && sm90::can_run_forward(p))
     if (const fa_status s = sm90::run_forward(p); s != FA_ERROR_UNSUPPORTED) return s;
   return sm80::run_forward(p);
 }

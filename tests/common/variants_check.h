@@ -1,10 +1,15 @@
-// The sinks' gradient against the float64 reference, shared by the CPU and
-// GPU variant suites.
+// The sinks' gradient against the float64 reference, and block masks the way
+// create_block_mask builds them, shared by the CPU and GPU variant suites.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/harness.h"
@@ -73,6 +78,68 @@ inline void expect_backward_matches(const Problem& p, const HostTensor& dq, cons
     EXPECT_TRUE(c.ok) << c.describe(name);
   }
   if (p.c.sinks) expect_dsinks_close(dsinks, p, e);
+}
+
+inline void expect_same_bytes(const HostTensor& a, const HostTensor& b, const char* what) {
+  ASSERT_EQ(a.bytes.size(), b.bytes.size()) << what;
+  EXPECT_EQ(std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()), 0) << what << " differs";
+}
+
+// Two runs' out, lse, dq, dk and dv (any struct with those HostTensors): the same bits.
+template <class Run>
+void expect_same_results(const Run& a, const Run& b) {
+  expect_same_bytes(a.out, b.out, "out");
+  expect_same_bytes(a.lse, b.lse, "lse");
+  expect_same_bytes(a.dq, b.dq, "dq");
+  expect_same_bytes(a.dk, b.dk, "dk");
+  expect_same_bytes(a.dv, b.dv, "dv");
+}
+
+// The block classes create_block_mask derives from a mask_mod: a block with
+// no visible pair is left out, one with every pair visible (inside both
+// sequences) is full, the rest partial.
+inline BlockClasses classes_of(const Problem& p, int block_q, int block_k, const std::function<bool(int, int)>& mask_mod) {
+  BlockClasses bc(block_q, block_k, 1, 1, p.c.seqlen_q, p.c.seqlen_k);
+  for (int qb = 0; qb < bc.q_blocks; ++qb) {
+    for (int kb = 0; kb < bc.k_blocks; ++kb) {
+      int visible = 0, pairs = 0;
+      for (int i = qb * block_q; i < std::min(p.c.seqlen_q, (qb + 1) * block_q); ++i) {
+        for (int j = kb * block_k; j < std::min(p.c.seqlen_k, (kb + 1) * block_k); ++j) {
+          visible += mask_mod(i, j) ? 1 : 0;
+          ++pairs;
+        }
+      }
+      bc.at(0, 0, qb, kb) = visible == 0 ? 0 : (visible == pairs ? 2 : 1);
+    }
+  }
+  return bc;
+}
+
+// create_block_mask's causal and sliding-window masks (bottom-right aligned,
+// as the options) over odd sizes and block shapes, each with the same element
+// mask in its options, labelled with its block shape.
+inline std::vector<std::pair<std::string, Problem>> flex_causal_window_problems(fa_dtype dtype,
+                                                                                 const std::vector<int>& head_dims,
+                                                                                 uint64_t seed) {
+  std::vector<std::pair<std::string, Problem>> out;
+  for (auto [sq, sk] : std::vector<std::pair<int, int>>{{203, 203}, {113, 203}, {203, 113}, {7, 7}}) {
+    for (int window : {-1, 40}) {
+      for (auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {16, 48}, {64, 64}}) {
+        for (int d : head_dims) {
+          Case c = make_case(dtype, sq, sk, d, seed + sq + bq + window);
+          c.causal = true;
+          c.window_left = window;
+          Problem p = make_problem(c);
+          const int offset = sk - sq;
+          set_block_mask(p, classes_of(p, bq, bk, [&](int i, int j) {
+                           return j <= i + offset && (window < 0 || j >= i + offset - window);
+                         }));
+          out.emplace_back(c.name() + " blocks " + std::to_string(bq) + "x" + std::to_string(bk), std::move(p));
+        }
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace flashattn::testing

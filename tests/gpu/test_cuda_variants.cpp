@@ -14,6 +14,7 @@
 #include "common/variants_check.h"
 #include "device.h"
 #include "forward_check.h"
+#include "variants_run.h"
 
 namespace flashattn::testing {
 namespace {
@@ -28,63 +29,6 @@ struct PathGuard {
   }
   ~PathGuard() { unsetenv("FLASHATTN_DISABLE_SM90"); }
 };
-
-// The problem's extras on the device (alibi slopes, sinks, a poisoned dsinks).
-struct DeviceExtras {
-  DeviceTensor alibi, sinks, dsinks;
-  HostTensor dsinks_host;
-  explicit DeviceExtras(const Problem& p) : dsinks_host(p.poisoned_dsinks()) {
-    if (p.c.alibi != Case::Alibi::kOff) alibi = DeviceTensor::upload(p.alibi_slopes);
-    if (p.c.sinks) {
-      sinks = DeviceTensor::upload(p.sinks);
-      dsinks = DeviceTensor::upload(dsinks_host);
-    }
-  }
-  fa_extras forward(const Problem& p) const {
-    fa_extras e = fa_default_extras();
-    if (p.c.alibi != Case::Alibi::kOff) e.alibi_slopes = &alibi.desc;
-    if (p.c.sinks) e.sinks = &sinks.desc;
-    return e;
-  }
-  fa_extras backward(const Problem& p) {
-    fa_extras e = forward(p);
-    if (p.c.sinks) e.dsinks = &dsinks.desc;
-    return e;
-  }
-};
-
-struct VariantRun {
-  HostTensor out, lse, dq, dk, dv, dsinks;
-};
-
-::testing::AssertionResult run_cuda(const Problem& p, bool backward, VariantRun& r) {
-  DeviceProblem d(p);
-  DeviceExtras x(p);
-  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
-  DeviceTensor dout_ = DeviceTensor::upload(out), dlse = DeviceTensor::upload(lse);
-  const fa_options o = d.options();
-  const fa_extras fx = x.forward(p);
-  if (auto done = call_completed(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &dlse.desc,
-                                               d.varlen_ptr(), &o, &fx));
-      !done)
-    return done;
-  r.out = dout_.download(out);
-  r.lse = dlse.download(lse);
-  if (!backward) return ::testing::AssertionSuccess();
-  HostTensor gq = p.poisoned_like_q(), gk = p.poisoned_like_k(), gv = p.poisoned_like_k();
-  DeviceTensor dq = DeviceTensor::upload(gq), dk = DeviceTensor::upload(gk), dv = DeviceTensor::upload(gv);
-  const fa_extras bx = x.backward(p);
-  if (auto done = call_completed(fa_backward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &d.dout.desc,
-                                                &dlse.desc, &dq.desc, &dk.desc, &dv.desc, d.varlen_ptr(),
-                                                &o, &bx, nullptr, 0));
-      !done)
-    return done;
-  r.dq = dq.download(gq);
-  r.dk = dk.download(gk);
-  r.dv = dv.download(gv);
-  if (p.c.sinks) r.dsinks = x.dsinks.download(x.dsinks_host);
-  return ::testing::AssertionSuccess();
-}
 
 class CudaVariants : public ::testing::TestWithParam<std::tuple<Case, Path>> {};
 
@@ -138,34 +82,6 @@ TEST(CudaVariantsDropout, IsRefusedAsUnsupported) {
   EXPECT_EQ(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, nullptr, nullptr, &o, &x),
             FA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(fa_last_error()).find("dropout"), std::string::npos) << fa_last_error();
-}
-
-// Block masks have no CUDA kernels yet: the forward and the backward refuse
-// them (FA_ERROR_UNSUPPORTED, docs/variants.md) before reading the lists, and
-// write nothing.
-TEST(CudaBlockSparse, IsRefusedAsUnsupported) {
-  FA_REQUIRE_GPU();
-  Case c = make_case(FA_BF16, 40, 50, 64, 7);
-  c.block_q = 16;
-  c.block_k = 16;
-  c.block_density = 0.5;
-  const Problem p = make_problem(c);
-  DeviceProblem d(p);
-  const HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse(), dq = p.poisoned_like_q();
-  DeviceTensor dout_ = DeviceTensor::upload(out), dlse = DeviceTensor::upload(lse);
-  DeviceTensor gq = DeviceTensor::upload(dq), gk = DeviceTensor::upload(p.poisoned_like_k()),
-               gv = DeviceTensor::upload(p.poisoned_like_k());
-  const fa_options o = d.options();
-  const fa_extras x = p.extras();  // host lists, as the CPU backend takes them
-  EXPECT_EQ(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &dlse.desc, nullptr, &o, &x),
-            FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fa_last_error()).find("no block-sparse kernels"), std::string::npos) << fa_last_error();
-  EXPECT_EQ(fa_backward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &d.dout.desc, &dlse.desc, &gq.desc,
-                           &gk.desc, &gv.desc, nullptr, &o, &x, nullptr, 0),
-            FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fa_last_error()).find("no block-sparse kernels"), std::string::npos) << fa_last_error();
-  EXPECT_EQ(dout_.download(out).bytes, out.bytes) << "out written";
-  EXPECT_EQ(gq.download(dq).bytes, dq.bytes) << "dq written";
 }
 
 std::string name_of(const ::testing::TestParamInfo<std::tuple<Case, Path>>& info) {

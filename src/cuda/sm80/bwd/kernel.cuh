@@ -30,6 +30,11 @@
 //   that MaskPolicy::tile_fully_visible() clears runs no per-element test;
 //   others first set the scores outside each row's visible key range
 //   [first_key, end_key) (from the same MaskPolicy) to -inf.
+// - Block masks (sm80/block_sparse.cuh): a key tile walks only the query
+//   tiles that list it (per query head of its group), and a pair not full in
+//   the lists also takes the per-element test, which then drops the keys of
+//   blocks the row's query block does not list. A key tile no query tile
+//   lists loads nothing and writes dK = dV = 0.
 // - dQ shares are added with red (fire-and-forget) reductions, two floats per
 //   instruction on sm_90; the accumulator is [heads_q][total_q][kernel dim].
 // - The softmax scale is applied to dK here (epilogue) and to dQ in the
@@ -58,6 +63,8 @@
 #include "cuda/common/launch_env.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm80/bwd/config.h"
+#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/bwd/launch.h"
 
 namespace flashattn::cuda::bwd {
@@ -248,6 +255,8 @@ struct ScoreArgs {
   int m0, n0, g, t;  // warp tile origin, lane coordinates
   int q0, k0, seqlen_q, seqlen_k;
   MaskPolicy mask;
+  const uint32_t* block_bits;  // block mask: the query head's ListedBlocks rows, else null
+  int block_q, block_k, block_words;
 };
 
 // Which score modifiers the per-element code applies: none, softcap, or any
@@ -280,12 +289,16 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
         // Visible keys of this row, relative to the tile: [lo, hi).
         const int lo = max(a.mask.first_key(i), 0) - a.k0;
         const int hi = i < a.seqlen_q ? min(a.mask.end_key(i), a.seqlen_k) - a.k0 : lo;
+        // With a block mask, keys of blocks this row's query block does not list too.
+        const uint32_t* listed =
+            a.block_bits != nullptr && i < a.seqlen_q ? a.block_bits + (i / a.block_q) * a.block_words : nullptr;
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = a.n0 + ni * 8 + 2 * a.t + e;
-            if (c < lo || c >= hi) acc_s[mi][ni][half * 2 + e] = -INFINITY;
+            if (c < lo || c >= hi || (listed != nullptr && !sm80::ListedBlocks::listed(listed, (a.k0 + c) / a.block_k)))
+              acc_s[mi][ni][half * 2 + e] = -INFINITY;
           }
       }
 #pragma unroll
@@ -325,6 +338,13 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
 
 // ---------------------------------------------------------------- kernel
 
+// A step of a key tile's walk: query head h, query tile m; full: no pair of
+// the tile is cut by the block mask (always, without one).
+struct QueryStep {
+  int h, m;
+  bool full;
+};
+
 template <int D>
 struct SharedLayout {
   using C = Config<D>;
@@ -339,7 +359,7 @@ struct SharedLayout {
 
 template <int D, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    backward_main_kernel(const AttentionParams p, const Workspace ws, int stages) {
+    backward_main_kernel(const AttentionParams p, const Workspace ws, int stages, const sm80::BlockTiles tiles) {
   using C = Config<D>;
   using L = SharedLayout<D>;
   constexpr int BM = C::kBlockM, BN = C::kBlockN, RS = C::kRowStride, PS = C::kPStride;
@@ -377,11 +397,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m_begin = mask.query_begin(k0) / BM;
   const int m_end = (mask.query_end(k0 + kv_rows) + BM - 1) / BM;
   const int n_m = max(0, m_end - m_begin);
-  const int iters = n_m * group;
+  // Walk step `it`: (query head, query tile) it / n_m, m_begin + it % n_m of
+  // the group; with a block mask only the listed ones (block_sparse.cuh).
+  const bool sparse = p.has_block_mask();
+  const sm80::ListedQueryTiles listed{tiles.query_tiles, p.block_mask, b, hk * group, group, n_tile, m_begin,
+                                      max(m_begin, m_end)};
+  const int iters = sparse ? listed.count() : n_m * group;
+  const auto step = [&](int it) {
+    QueryStep s{hk * group + it / n_m, m_begin + it % n_m, true};
+    if (sparse) {
+      int32_t entry = 0;
+      listed.locate(it, &s.h, &entry);
+      s.m = sm80::TileList::index(entry);
+      s.full = sm80::TileList::full(entry);
+    }
+    return s;
+  };
 
   const T* gq = static_cast<const T*>(p.q);
   const T* gdo = static_cast<const T*>(p.dout);
-  // K and V of this tile: loaded once.
+  // K and V of this tile: loaded once (not at all when no query tile sees it).
+  if (iters > 0) {
   load_rows_async<BN, D, RS>(sK,
                              static_cast<const T*>(p.k) +
                                  row_offset(b, seq.row_k, k0, hk, p.k_batch_stride,
@@ -392,12 +428,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  row_offset(b, seq.row_k, k0, hk, p.v_batch_stride,
                                             p.v_row_stride, p.v_head_stride, varlen),
                              p.v_row_stride, kv_rows, p.head_dim, tid);
+  }
   cp_async_commit();
 
-  // Issues the loads of iteration `it` (query head, query tile) into `stage`.
-  auto load_stage = [&](int it, int stage) {
-    const int h = hk * group + it / n_m;
-    const int q0 = (m_begin + it % n_m) * BM;
+  // Issues the loads of a step (query head, query tile) into `stage`.
+  auto load_stage = [&](const QueryStep& s, int stage) {
+    const int h = s.h;
+    const int q0 = s.m * BM;
     const int rows = min(BM, seq.seqlen_q - q0);
     unsigned char* base = stage_base + stage * L::kStageBytes;
     T* sQ = reinterpret_cast<T*>(base);
@@ -426,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   zero(acc_dk);
   zero(acc_dv);
 
-  if (iters > 0) load_stage(0, 0);
+  if (iters > 0) load_stage(step(0), 0);
   cp_async_commit();
 
   const float scale_log2 = ws.scale_log2;
@@ -452,18 +489,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     // tile it here, after the barrier that closed tile it-1.
     const int stage = stages == 2 ? (it & 1) : 0;
     if (stages == 1 && it > 0) {
-      load_stage(it, 0);
+      load_stage(step(it), 0);
       cp_async_commit();
     }
     cp_async_wait<0>();
     __syncthreads();
     if (stages == 2 && it + 1 < iters) {
-      load_stage(it + 1, (it + 1) & 1);
+      load_stage(step(it + 1), (it + 1) & 1);
       cp_async_commit();
     }
 
-    const int h = hk * group + it / n_m;
-    const int m = m_begin + it % n_m;
+    const QueryStep here = step(it);
+    const int h = here.h;
+    const int m = here.m;
     const int q0 = m * BM;
     unsigned char* base = stage_base + stage * L::kStageBytes;
     T* sQ = reinterpret_cast<T*>(base);
@@ -473,7 +511,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // S = Q K^T, dP = dO V^T, in kSdpSplits column slices of the warp tile
     // (see config.h), each turned into P and dS before the next.
-    const bool full = mask.tile_fully_visible(q0, q0 + BM, k0, k0 + BN);
+    const bool full = mask.tile_fully_visible(q0, q0 + BM, k0, k0 + BN) && here.full;
+    const int64_t list_row = sm80::BlockTiles::list_row(p.block_mask, b, h);
+    const uint32_t* block_bits =
+        sparse && tiles.blocks.bits != nullptr ? tiles.blocks.row_bits(p.block_mask, list_row, 0) : nullptr;
 #pragma unroll
     for (int split = 0; split < C::kSdpSplits; ++split) {
       const int n0 = sdp_n0 + split * kSdpCols;
@@ -486,7 +527,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Masking, softcap and ALiBi are runtime options; the per-element code
       // is specialized by ScoreMode (plain, softcap, any with ALiBi) only.
       const ScoreArgs sa{p.softcap, inv_cap, scale_log2, alibi_log2(h), aLse, aD, aP, adS, sdp_m0, n0,
-                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask};
+                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask, block_bits,
+                         p.block_mask.block_q, p.block_mask.block_k, tiles.blocks.words};
       if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full);
       else if (softcap) scores_to_p_ds<ScoreMode::kSoftcap, PS, T>(acc_s, acc_dp, sa, full);
       else scores_to_p_ds<ScoreMode::kPlain, PS, T>(acc_s, acc_dp, sa, full);
@@ -512,7 +554,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                     aK + 2u * col0, RS, lane);
         // Deterministic mode: the same atomics in a fixed order (see NOTES):
         // wait for the next-higher key tile that sees this query tile to publish.
-        if (split == 0 && p.deterministic) wait_for_predecessor(p, ws, mask, b, h, m, n_tile, BM, BN, seq.seqlen_k);
+        // With a block mask that is the next-higher key tile listing it: the
+        // wait below is for "the tile after" the one before it.
+        if (split == 0 && p.deterministic) {
+          const int n_before = sparse ? sm80::next_key_tile(tiles.key_tiles, list_row, m, n_tile,
+                                                            (seq.seqlen_k + BN - 1) / BN) - 1
+                                      : n_tile;
+          wait_for_predecessor(p, ws, mask, b, h, m, n_before, BM, BN, seq.seqlen_k);
+        }
 #pragma unroll
         for (int mi = 0; mi < kDqMT; ++mi)
 #pragma unroll
@@ -584,7 +633,9 @@ fa_status run_main(const AttentionParams& p, const Workspace& ws) {
   }
   const dim3 grid((p.seqlen_k + C::kBlockN - 1) / C::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;
-  kernel<<<grid, kThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p, ws, stages);
+  sm80::BlockTileBuffer block_tiles;
+  FA_RETURN_IF_ERROR(block_tiles.build(p, C::kBlockM, C::kBlockN, sm80::BlockWalk::kBackward));
+  kernel<<<grid, kThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p, ws, stages, block_tiles.view());
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     return fail(FA_ERROR_DEVICE, std::string("backward kernel launch: ") + cudaGetErrorString(err));

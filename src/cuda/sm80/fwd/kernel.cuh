@@ -12,7 +12,8 @@
 // kBlockM / kWarps of them (with kPairSplit, two warps share 2 * kBlockM /
 // kWarps rows: S of half the keys and O of half the head dim each, P and the
 // row maxima crossing through shared memory). The CTA walks the K/V tiles its rows can see
-// (MaskPolicy::key_begin/key_end), through kStages shared-memory slots filled
+// (MaskPolicy::key_begin/key_end; with a block mask only the listed ones,
+// key_walk.cuh), through kStages shared-memory slots filled
 // by cp.async (see the pipeline note in traits.h):
 //   S = Q K_j^T; mask and softcap (boundary tiles only); online softmax in
 //   registers; O += P V_j with P straight from the S registers
@@ -33,7 +34,9 @@
 
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cuda/sm80/block_sparse.cuh"
 #include "cuda/sm80/fwd/epilogue.cuh"
+#include "cuda/sm80/fwd/key_walk.cuh"
 #include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
@@ -45,9 +48,10 @@ namespace flashattn::cuda::sm80 {
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
 // tile shape Cfg: ForwardTuning<kD> in the library (launch.cuh);
 // a benchmark can instantiate others to compare shapes in one process.
-template <int kD, typename T, class Cfg>
+// Walk: DenseKeys, or ListedKeys with a block mask (`tiles`, else unread).
+template <int kD, typename T, class Cfg, class Walk = DenseKeys>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
-    forward_kernel(const AttentionParams p, int m_blocks) {
+    forward_kernel(const AttentionParams p, int m_blocks, const typename Walk::Tiles tiles) {
   using K = FwdTraits<kD, Cfg>;
   constexpr int kMT = K::kMT, kDT = K::kDT, kStages = K::kStages;
   // NOTES: the exit sits between place() and plan() as it did in the
@@ -58,13 +62,14 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   cta.template place<K>(p, m_blocks);
   if (cta.past_sequence()) return;
   cta.template plan<K>(p);
+  Walk::template plan<K>(p, tiles, cta);
   FwdThread th;
   th.place<K>();
   const int d_valid = p.head_dim;  // columns past it are zero-filled
 
   const QCopy<K> q_copy(th.tid);
   const KVCopy<K> kv_copy(th.tid);
-  load_first_tiles<K>(q_copy, kv_copy, p, cta, d_valid);
+  load_first_tiles<K, Walk>(q_copy, kv_copy, p, cta, tiles, d_valid);
 
   // Scores go to base 2: exp(scale*s - m) = 2^(s*scale_log2 - m*scale_log2).
   // With a softcap, s -> softcap * tanh(s * scale / softcap) is already scaled.
@@ -97,18 +102,20 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
   }
 
   for (int j = 0; j < cta.n_tiles; ++j) {
-    const int n0 = (cta.n_first + j) * K::kN;
+    const int n0 = Walk::tile(tiles, cta, j) * K::kN;
     const int slot = j % kStages;
-    await_tile<K>(kv_copy, p, cta, j, d_valid);
+    Walk::template mark_listed<K>(p, tiles, cta, th.tid, j, n0);
+    await_tile<K, Walk>(kv_copy, p, cta, tiles, j, d_valid);
 
     // Two bodies, chosen once per tile: the plain one has no branch between
     // the first mma and the last exp2, so the compiler interleaves freely.
     // NOTES: a runtime `if` around the mask inside one body split it into
     // basic blocks; two bodies measured faster (docs/performance.md).
     Scores<K> s;
-    if (needs_mask<K>(p, cta, softcap, n0)) {
+    if (needs_mask<K>(p, cta, softcap, n0) || Walk::partial(tiles, cta, j)) {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
       mask_scores<K>(s, p, cta, th, softcap, n0 + th.key_off);
+      if (Walk::partial(tiles, cta, j)) Walk::template drop_unlisted<K>(s, th, j);
       online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     } else {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
@@ -116,7 +123,7 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     }
     if constexpr (K::kPairSplit) share_p<K>(pk, th);
 
-    await_v<K>(kv_copy, p, cta, j, th.warp, d_valid);
+    await_v<K, Walk>(kv_copy, p, cta, tiles, j, th.warp, d_valid);
     pv<K, T>(acc, pk, lanes, th, slot);
   }
 

@@ -10,20 +10,22 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "cuda/common/launch_env.h"
+#include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/fwd/kernel.cuh"
 #include "cuda/sm80/fwd/tuning.h"
 
 namespace flashattn::cuda::sm80 {
 
-// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg on p.stream.
-template <int kD, typename T, class Cfg>
-fa_status launch_forward_with(const AttentionParams& p) {
+// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg
+// and key walk Walk (key_walk.cuh) on p.stream.
+template <int kD, typename T, class Cfg, class Walk>
+fa_status launch_forward_walk(const AttentionParams& p, const typename Walk::Tiles& tiles) {
   const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
   if (ctas == 0) return FA_OK;
   if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
-  constexpr int kSmem = forward_smem_bytes<Cfg>(kD);
-  auto kernel = forward_kernel<kD, T, Cfg>;
+  constexpr int kSmem = forward_smem_bytes<Cfg>(kD) + Walk::template smem_bytes<Cfg>();
+  auto kernel = forward_kernel<kD, T, Cfg, Walk>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -32,12 +34,22 @@ fa_status launch_forward_with(const AttentionParams& p) {
                                      " bytes of shared memory: " + cudaGetErrorString(err));
   }
   kernel<<<static_cast<unsigned>(ctas), Cfg::kWarps * 32, kSmem,
-           static_cast<cudaStream_t>(p.stream)>>>(p, m_blocks);
+           static_cast<cudaStream_t>(p.stream)>>>(p, m_blocks, tiles);
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     return fail(FA_ERROR_DEVICE, std::string("forward kernel launch: ") + cudaGetErrorString(err));
   }
   return FA_OK;
+}
+
+// With a block mask, its tile lists for this tile shape go to the device
+// first (freed, stream-ordered, after the launch) and the kernel walks them.
+template <int kD, typename T, class Cfg>
+fa_status launch_forward_with(const AttentionParams& p) {
+  if (!p.has_block_mask()) return launch_forward_walk<kD, T, Cfg, DenseKeys>(p, DenseKeys::Tiles{});
+  BlockTileBuffer tiles;
+  FA_RETURN_IF_ERROR(tiles.build(p, Cfg::kBlockM, Cfg::kBlockN, BlockWalk::kForward));
+  return launch_forward_walk<kD, T, Cfg, ListedKeys>(p, tiles.view());
 }
 
 // A tile shape with its warps in the plain layout (no pair split).

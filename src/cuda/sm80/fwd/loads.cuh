@@ -1,9 +1,11 @@
 // The sm80 forward's loads: Q once, K/V tiles through kStages shared-memory
-// slots by cp.async (the two pipelines: FwdTraits). Tile j of K (V) is loaded
-// into slot j % kStages; tiles past the CTA's range load nothing.
+// slots by cp.async (the two pipelines: FwdTraits). Walk step j's tile of K
+// (V) is loaded into slot j % kStages (Walk: key_walk.cuh, the tile of step j);
+// steps past the CTA's range load nothing.
 #pragma once
 
 #include "core/params.h"
+#include "cuda/sm80/block_sparse.cuh"
 #include "cuda/common/mma.h"
 #include "cuda/sm80/fwd/scheduler.cuh"
 #include "cuda/sm80/fwd/tile_copy.cuh"
@@ -19,13 +21,14 @@ using KVCopy = TileCopy<typename K::KVTile, K::kThreads, K::Tune::kFastWholeTile
 // Which operand a K/V load fills.
 enum class KVOperand { kKeys, kValues };
 
-// Tile j of K or V into its slot's half; nothing for tiles past the CTA's range.
-template <class K, KVOperand kOp, typename T>
+// Step j's tile of K or V into its slot's half; nothing for steps past the CTA's range.
+template <class K, class Walk, KVOperand kOp, typename T>
 __device__ __forceinline__ void issue_kv(const KVCopy<K>& kv_copy, const AttentionParams& p, const FwdCta<T>& cta,
+    const typename Walk::Tiles& tiles,
                                          int j, int slot, int d_valid) {
   if (j < cta.n_tiles) {
     constexpr bool kValues = kOp == KVOperand::kValues;
-    const int n0 = (cta.n_first + j) * K::kN;
+    const int n0 = Walk::tile(tiles, cta, j) * K::kN;
     const T* const rows = kValues ? cta.v : cta.k;
     const int64_t row_stride = kValues ? p.v_row_stride : p.k_row_stride;
     kv_copy.load(kValues ? smem_v<K>(slot) : smem_k<K>(slot), rows + n0 * row_stride, row_stride,
@@ -34,20 +37,21 @@ __device__ __forceinline__ void issue_kv(const KVCopy<K>& kv_copy, const Attenti
 }
 
 // Q and the pipeline's first groups: K_0 (one stage), or K/V tiles 0 .. kStages - 2.
-template <class K, typename T>
+template <class K, class Walk, typename T>
 __device__ __forceinline__ void load_first_tiles(const QCopy<K>& q_copy, const KVCopy<K>& kv_copy,
-                                                 const AttentionParams& p, const FwdCta<T>& cta, int d_valid) {
+                                                 const AttentionParams& p, const FwdCta<T>& cta,
+    const typename Walk::Tiles& tiles, int d_valid) {
   q_copy.load(smem_q(), cta.q, p.q_row_stride, cta.rows_valid, d_valid);
-  issue_kv<K, KVOperand::kKeys>(kv_copy, p, cta, 0, 0, d_valid);
+  issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, 0, 0, d_valid);
   if constexpr (K::kSplitKV) {
     cp_async_commit();  // Q, K_0
   } else {
-    issue_kv<K, KVOperand::kValues>(kv_copy, p, cta, 0, 0, d_valid);
+    issue_kv<K, Walk, KVOperand::kValues>(kv_copy, p, cta, tiles, 0, 0, d_valid);
     cp_async_commit();  // Q, K_0, V_0
 #pragma unroll
     for (int s = 1; s < K::kStages - 1; ++s) {
-      issue_kv<K, KVOperand::kKeys>(kv_copy, p, cta, s, s, d_valid);
-      issue_kv<K, KVOperand::kValues>(kv_copy, p, cta, s, s, d_valid);
+      issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, s, s, d_valid);
+      issue_kv<K, Walk, KVOperand::kValues>(kv_copy, p, cta, tiles, s, s, d_valid);
       cp_async_commit();
     }
   }
@@ -55,19 +59,20 @@ __device__ __forceinline__ void load_first_tiles(const QCopy<K>& q_copy, const K
 
 // Start of tile j: its K (one stage; V_j is issued now) or K and V (kStages
 // >= 2; tile j + kStages - 1 is issued now) are in shared memory for every thread.
-template <class K, typename T>
+template <class K, class Walk, typename T>
 __device__ __forceinline__ void await_tile(const KVCopy<K>& kv_copy, const AttentionParams& p, const FwdCta<T>& cta,
+    const typename Walk::Tiles& tiles,
                                            int j, int d_valid) {
   if constexpr (K::kSplitKV) {
     cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
     __syncthreads();     // ... for every thread; V_{j-1} is no longer read
-    issue_kv<K, KVOperand::kValues>(kv_copy, p, cta, j, 0, d_valid);
+    issue_kv<K, Walk, KVOperand::kValues>(kv_copy, p, cta, tiles, j, 0, d_valid);
     cp_async_commit();
   } else {
     cp_async_wait<K::kPending>();  // tile j (and, at j = 0, Q) landed
     __syncthreads();               // ... for every thread; the slot of tile j-1 is free
-    issue_kv<K, KVOperand::kKeys>(kv_copy, p, cta, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages, d_valid);
-    issue_kv<K, KVOperand::kValues>(kv_copy, p, cta, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages,
+    issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages, d_valid);
+    issue_kv<K, Walk, KVOperand::kValues>(kv_copy, p, cta, tiles, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages,
                                     d_valid);
     cp_async_commit();
   }
@@ -75,13 +80,14 @@ __device__ __forceinline__ void await_tile(const KVCopy<K>& kv_copy, const Atten
 
 // Before P V_j: V_j landed (one stage; K_{j+1} is issued now), or, with the
 // pair split, the partner warp's P is in shared memory.
-template <class K, typename T>
+template <class K, class Walk, typename T>
 __device__ __forceinline__ void await_v(const KVCopy<K>& kv_copy, const AttentionParams& p, const FwdCta<T>& cta,
+    const typename Walk::Tiles& tiles,
                                         int j, int warp, int d_valid) {
   if constexpr (K::kSplitKV) {
     cp_async_wait<0>();  // V_j landed
     __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
-    issue_kv<K, KVOperand::kKeys>(kv_copy, p, cta, j + 1, 0, d_valid);
+    issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, j + 1, 0, d_valid);
     cp_async_commit();
   } else if constexpr (K::kPairSplit) {
     pair_sync(warp / K::kSplit);  // the partner's P

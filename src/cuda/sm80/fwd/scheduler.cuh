@@ -10,7 +10,8 @@
 namespace flashattn::cuda::sm80 {
 
 // What one CTA covers: query rows [m0, m0 + rows_valid) of head h of sequence
-// b (kv head hk), and key tiles [n_first, n_first + n_tiles).
+// b (kv head hk), and key tiles [n_first, n_first + n_tiles) (with a block
+// mask, the n_tiles entries from first_entry: key_walk.cuh).
 template <typename T>
 struct FwdCta {
   SequenceInfo seq;
@@ -22,6 +23,7 @@ struct FwdCta {
   const T* k;  // the sequence's first key row (of head hk), V likewise
   const T* v;
   int n_first, n_tiles;
+  int first_entry;  // block-sparse walk only (ListedKeys): the first of its key-tile entries
 
   // The CTA's query tile, from blockIdx. The kernel exits when it starts past
   // the sequence (varlen batches launch for the longest one).

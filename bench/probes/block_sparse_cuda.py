@@ -1,0 +1,141 @@
+"""CUDA: block-sparse forward and forward + backward (the sm80 kernels, which run every
+block mask) against the dense sm80 call and against FlexAttention
+(torch.compile(flex_attention)) with the same BlockMask, in one process.
+
+    FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \\
+        python3 bench/probes/block_sparse_cuda.py [--seqlen 8192] [--heads 16] [--dim 128]
+
+bf16, batch 1, blocks 128 x 128. Masks: random lists per head at densities 1, 0.5, 0.1
+(every listed block "full", so FlexAttention evaluates no mask_mod either) and
+create_block_mask's causal mask (flashattn: causal=True, the same lists). flashattn gets
+the lists as host tensors (a copy made once, as a caller keeping its mask would: a GPU
+BlockMask would be copied to the host on every call). Times: median of --repeats
+CUDA-event timings per configuration after --warmup calls; the backward is fwd+bwd minus
+fwd. TFLOP/s are counted on the visited blocks (4 * pairs * d forward, 2.5 times that
+backward), the dense call's on every pair.
+"""
+
+import argparse
+import os
+import statistics
+
+import torch
+from torch.nn.attention import flex_attention as flex
+
+import flashattn
+
+BLOCK = 128
+
+
+def random_lists(gen, heads, n_blocks, density):
+    """(kv_num_blocks, kv_indices) of shape (1, heads, n, n): each pair with probability density."""
+    listed = torch.rand((1, heads, n_blocks, n_blocks), generator=gen) < density
+    num = listed.sum(-1).to(torch.int32)
+    # listed blocks first, ascending: sort by (not listed, index)
+    order = torch.argsort((~listed).to(torch.int32) * n_blocks + torch.arange(n_blocks), dim=-1)
+    return num, order.to(torch.int32)
+
+
+def flex_mask_from_full(num, idx, n):
+    zeros = torch.zeros_like(num)
+    return flex.BlockMask.from_kv_blocks(zeros.cuda(), idx.cuda(), num.cuda(), idx.cuda(), BLOCK_SIZE=BLOCK,
+                                         seq_lengths=(n, n))
+
+
+def host_mask(bm):
+    """A flashattn.BlockMask over host copies of a FlexAttention BlockMask's lists."""
+    full_num = None if bm.full_kv_num_blocks is None else bm.full_kv_num_blocks.cpu()
+    full_idx = None if bm.full_kv_indices is None else bm.full_kv_indices.cpu()
+    return flashattn.BlockMask(bm.kv_num_blocks.cpu(), bm.kv_indices.cpu(), full_num, full_idx, BLOCK_SIZE=BLOCK)
+
+
+def visited_pairs(bm, heads):
+    """(query, key) pairs of the listed blocks (partial and full) over all heads (lists
+    with H = 1 are shared by every head)."""
+    blocks = bm.kv_num_blocks.sum().item()
+    if bm.full_kv_num_blocks is not None:
+        blocks += bm.full_kv_num_blocks.sum().item()
+    return blocks * BLOCK * BLOCK * (heads if bm.kv_num_blocks.shape[1] == 1 else 1)
+
+
+def time_ms(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def fwd_and_fb(call, inputs, dout, warmup, repeats):
+    def fwd():
+        with torch.no_grad():
+            call(*inputs)
+
+    def fb():
+        out = call(*inputs)
+        out.backward(dout)
+
+    return time_ms(fwd, warmup, repeats), time_ms(fb, warmup, repeats)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    n, h, d = args.seqlen, args.heads, args.dim
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    qf, kf, vf = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    doutf = dout.transpose(1, 2).contiguous()
+    flex_compiled = torch.compile(flex.flex_attention)
+    n_blocks = n // BLOCK
+
+    masks = []
+    for density in (1.0, 0.5, 0.1):
+        num, idx = random_lists(gen, h, n_blocks, density)
+        masks.append((f"random {density}", False, flex_mask_from_full(num, idx, n)))
+    causal = flex.create_block_mask(lambda b, hh, i, j: i >= j, None, None, n, n, device="cuda", BLOCK_SIZE=BLOCK)
+    masks.append(("causal", True, causal))
+
+    os.environ["FLASHATTN_DISABLE_SM90"] = "1"  # the dense sm80 kernel
+    dense_f, dense_fb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c), (q, k, v), dout,
+                                   args.warmup, args.repeats)
+    dense_cf, dense_cfb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=True), (q, k, v),
+                                     dout, args.warmup, args.repeats)
+    del os.environ["FLASHATTN_DISABLE_SM90"]
+    all_pairs = h * n * n
+    tf = lambda pairs, ms, factor: factor * 4 * pairs * d / ms / 1e9  # noqa: E731
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, batch 1, {h} heads, seqlen {n}, d {d}, "
+          f"blocks {BLOCK}x{BLOCK}; median of {args.repeats}")
+    print(f"dense sm80: fwd {dense_f:.3f} ms ({tf(all_pairs, dense_f, 1):.0f} TFLOP/s), "
+          f"bwd {dense_fb - dense_f:.3f} ms ({tf(all_pairs, dense_fb - dense_f, 2.5):.0f} TFLOP/s)")
+    print(f"dense sm80 causal: fwd {dense_cf:.3f} ms, bwd {dense_cfb - dense_cf:.3f} ms")
+    print("mask | visited | flashattn fwd ms (TFLOP/s, vs dense) | bwd ms (TFLOP/s, vs dense) | "
+          "flex fwd ms | flex bwd ms | speedup fwd / bwd")
+    for name, is_causal, bm in masks:
+        pairs = visited_pairs(bm, h)
+        hm = host_mask(bm)
+        fa_f, fa_fb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=is_causal, block_mask=hm),
+                                 (q, k, v), dout, args.warmup, args.repeats)
+        fl_f, fl_fb = fwd_and_fb(lambda a, b, c: flex_compiled(a, b, c, block_mask=bm), (qf, kf, vf), doutf,
+                                 args.warmup, args.repeats)
+        fa_b, fl_b = fa_fb - fa_f, fl_fb - fl_f
+        ff, fb = tf(pairs, fa_f, 1), tf(pairs, fa_b, 2.5)
+        print(f"{name} | {pairs / all_pairs:.3f} | {fa_f:.3f} ({ff:.0f}, {ff / tf(all_pairs, dense_f, 1):.2f}) | "
+              f"{fa_b:.3f} ({fb:.0f}, {fb / tf(all_pairs, dense_fb - dense_f, 2.5):.2f}) | {fl_f:.3f} | {fl_b:.3f} | "
+              f"{fl_f / fa_f:.2f} / {fl_b / fa_b:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

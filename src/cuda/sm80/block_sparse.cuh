@@ -1,0 +1,135 @@
+// A block mask (fa_block_mask) as the sm80 kernels read it: the mask's
+// listed (query block, key block) pairs restated on a kernel's own tile grid
+// (tile_m query rows x tile_n keys, unrelated to block_q x block_k), built on
+// the host per call (block_tiles.h) and copied to device memory.
+//
+//   TileList    per (list row, tile of one dimension): the tiles of the other
+//               dimension that hold at least one listed pair, ascending, each
+//               flagged kFullTile when every pair inside the maximum lengths is
+//               listed (then the block mask cuts nothing in that tile)
+//   ListedBlocks  one bit per (query block, key block): the per-element test
+//               of tiles that are visited but not full
+//
+// A list row is (list_batch(b), list_head(h)) of the caller's lists (B and H
+// of 1 are shared), so the host work and the device copy grow with the
+// caller's lists, not with batch x heads.
+//
+// NOTES: the kernels walk a CTA's entries with the index they walked tiles
+// with (entry j instead of tile n_first + j), so the cp.async prefetch of
+// "tile j + stages - 1" fetches the next *visited* tile and a skipped tile
+// costs no memory traffic and no loop iteration.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/block_mask.h"
+#include "attention/host_device.h"
+
+namespace flashattn::cuda::sm80 {
+
+// An entry of a TileList: the tile index, with this bit set when every pair of
+// the tile is listed.
+inline constexpr int32_t kFullTile = int32_t{1} << 30;
+inline constexpr int32_t kTileIndexBits = kFullTile - 1;
+
+struct TileList {
+  const int32_t* start = nullptr;    // [list rows * tiles + 1]: entries of row r, tile t at start[r * tiles + t]
+  const int32_t* entries = nullptr;  // tile index | kFullTile
+  int tiles = 0;                     // tiles of the walked-from dimension per list row
+
+  // Entries [first, last) of (list row, tile) whose tile index lies in [lo, hi):
+  // the entries are ascending, so a binary search on each side.
+  FA_HOST_DEVICE void range(int64_t row, int tile, int lo, int hi, int* first, int* last) const {
+    const int64_t r = row * tiles + tile;
+    *first = lower_bound(start[r], start[r + 1], lo);
+    *last = lower_bound(*first, start[r + 1], hi);
+  }
+  FA_HOST_DEVICE int lower_bound(int a, int b, int value) const {
+    while (a < b) {
+      const int mid = a + (b - a) / 2;
+      if ((entries[mid] & kTileIndexBits) < value) a = mid + 1;
+      else b = mid;
+    }
+    return a;
+  }
+  FA_HOST_DEVICE static int index(int32_t entry) { return entry & kTileIndexBits; }
+  FA_HOST_DEVICE static bool full(int32_t entry) { return (entry & kFullTile) != 0; }
+};
+
+// One bit per (list row, query block, key block): listed in either list.
+struct ListedBlocks {
+  const uint32_t* bits = nullptr;  // [list rows][q_blocks][words]
+  int words = 0;                   // ceil(k_blocks / 32)
+
+  // The bit row of query row i in list row `row`; test keys with listed().
+  FA_HOST_DEVICE const uint32_t* row_bits(const BlockMaskView& m, int64_t row, int i) const {
+    return bits + (row * m.q_blocks + i / m.block_q) * words;
+  }
+  FA_HOST_DEVICE static bool listed(const uint32_t* row_bits, int kb) {
+    return (row_bits[kb >> 5] >> (kb & 31)) & 1u;
+  }
+};
+
+// What a kernel launch reads of the block mask (device memory; all null and
+// unread without one).
+struct BlockTiles {
+  TileList key_tiles;    // per query tile, its visited key tiles (forward; deterministic backward)
+  TileList query_tiles;  // per key tile, the query tiles that visit it (backward)
+  ListedBlocks blocks;
+
+  // The list row of (sequence b, query head h).
+  FA_HOST_DEVICE static int64_t list_row(const BlockMaskView& m, int b, int h) {
+    return int64_t{m.list_batch(b)} * m.heads + m.list_head(h);
+  }
+};
+
+// The lowest key tile above n_tile that visits query tile m of list row
+// `row` (a key_tiles list), or `none` (the deterministic backward's dQ order).
+FA_HOST_DEVICE int next_key_tile(const TileList& l, int64_t row, int m, int n_tile, int none) {
+  int first = 0, last = 0;
+  l.range(row, m, n_tile + 1, none, &first, &last);
+  return first < last ? TileList::index(l.entries[first]) : none;
+}
+
+// The backward's walk of one key tile over the query tiles that list it, for
+// each query head of its group in turn (heads h0 + g), inside the element
+// mask's query tiles [m_begin, m_end).
+// NOTES: step `it` is located from scratch (a binary search per head of the
+// group) rather than kept in a cursor across the loop: two cursors (the step
+// computed, the step prefetched) held 12 more registers over the whole loop
+// and spilled 44 bytes at d 256, in the plain path too.
+struct ListedQueryTiles {
+  const TileList& list;
+  const BlockMaskView& mask;
+  int b, h0, group, n_tile, m_begin, m_end;
+
+  // Head g's entries [*first, *last).
+  FA_HOST_DEVICE void head_range(int g, int* first, int* last) const {
+    list.range(BlockTiles::list_row(mask, b, h0 + g), n_tile, m_begin, m_end, first, last);
+  }
+  // Steps of every head of the group (the walk's length).
+  FA_HOST_DEVICE int count() const {
+    int n = 0;
+    for (int g = 0; g < group; ++g) {
+      int first = 0, last = 0;
+      head_range(g, &first, &last);
+      n += last - first;
+    }
+    return n;
+  }
+  // Step it (< count()): its query head and its entry.
+  FA_HOST_DEVICE void locate(int it, int* h, int32_t* entry) const {
+    for (int g = 0; g < group; ++g) {
+      int first = 0, last = 0;
+      head_range(g, &first, &last);
+      if (it < last - first) {
+        *h = h0 + g;
+        *entry = list.entries[first + it];
+        return;
+      }
+      it -= last - first;
+    }
+  }
+};
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,43 @@
+// The host side of the sm80 kernels' block-sparse walk: a validated block
+// mask (p.block_mask, host lists) restated on one launch's tile grid
+// (block_sparse.cuh) and copied to device memory on p.stream.
+//
+// NOTES: the lists are the caller's host memory (validated in
+// core/block_mask.cpp, where every index is read anyway), so the tile lists
+// are built here on the host and copied with one cudaMemcpyAsync from
+// pageable memory (staged by the driver: no wait on the stream's earlier
+// work). A CUDA graph cannot capture that copy (it would replay a host buffer
+// freed after the call), so a block mask under capture is refused.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/params.h"
+#include "cuda/sm80/block_sparse.cuh"
+
+namespace flashattn::cuda::sm80 {
+
+// Which lists a launch walks: the forward per query tile; the backward per
+// key tile (and per query tile for the deterministic dQ order).
+enum class BlockWalk { kForward, kBackward };
+
+// The device copy of one launch's BlockTiles; freed (stream-ordered) with the object.
+class BlockTileBuffer {
+ public:
+  BlockTileBuffer() = default;
+  BlockTileBuffer(const BlockTileBuffer&) = delete;
+  BlockTileBuffer& operator=(const BlockTileBuffer&) = delete;
+  ~BlockTileBuffer();
+
+  // Builds and uploads the lists of p's block mask for tiles of tile_m query
+  // rows x tile_n keys; no-op without a block mask (view() stays null).
+  fa_status build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk);
+  const BlockTiles& view() const { return view_; }
+
+ private:
+  BlockTiles view_;
+  void* device_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace flashattn::cuda::sm80

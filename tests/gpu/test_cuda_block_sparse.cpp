@@ -1,0 +1,234 @@
+// Block-sparse masks (fa_block_mask) on the CUDA backend, which runs them on
+// the sm80 kernels (the Hopper ones decline them, dispatch.cu):
+// block_sparse_suite (densities 0, 0.1, 0.5, 1; blocks of 128 x 128 and sizes
+// dividing no length; causal, window + softcap, GQA with shared lists, ALiBi +
+// sinks, varlen with empty sequences, sizes 1 / 7 / 113 / 203, every head dim)
+// against the float64 reference, forward and backward; density 1 and
+// create_block_mask's causal / sliding-window masks bitwise equal to the
+// dense sm80 call; the deterministic backward bitwise stable; NaN in key tiles
+// no listed block reaches reaching nothing (they are never read); lists in
+// device memory and CUDA-graph capture refused.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/harness.h"
+#include "common/suites.h"
+#include "common/variants_check.h"
+#include "device.h"
+#include "variants_run.h"
+
+namespace flashattn::testing {
+namespace {
+
+// Every head dim the CUDA backend takes (multiples of 8 up to 256), sampled.
+const std::vector<int> kHeadDims = {32, 40, 64, 72, 96, 128, 160, 192, 256};
+
+// The suite without dropout (the CUDA kernels refuse it).
+std::vector<Case> cuda_block_sparse_suite() {
+  std::vector<Case> cases;
+  for (const Case& c : block_sparse_suite({FA_F16, FA_BF16}, kHeadDims)) {
+    if (c.dropout_p == 0.0f) cases.push_back(c);
+  }
+  return cases;
+}
+
+class CudaBlockSparse : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaBlockSparse, ForwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const Problem p = make_problem(GetParam());
+  VariantRun r;
+  ASSERT_TRUE(run_cuda(p, false, r));
+  expect_forward_matches(p, r.out, r.lse);
+}
+
+TEST_P(CudaBlockSparse, BackwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const Problem p = make_problem(GetParam());
+  VariantRun r;
+  ASSERT_TRUE(run_cuda(p, true, r));
+  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, CudaBlockSparse, ::testing::ValuesIn(cuda_block_sparse_suite()),
+                         [](const auto& info) { return info.param.name(); });
+
+// The dense comparison runs the sm80 kernels too (FLASHATTN_DISABLE_SM90,
+// read on every call), in deterministic mode so that dQ adds in a fixed order.
+struct Sm80Only {
+  Sm80Only() { setenv("FLASHATTN_DISABLE_SM90", "1", 1); }
+  ~Sm80Only() { unsetenv("FLASHATTN_DISABLE_SM90"); }
+};
+
+// p with its block mask and without one, both deterministic on sm80: the same bits.
+void expect_block_mask_is_dense(Problem p) {
+  const Sm80Only sm80;
+  p.options.deterministic = 1;
+  VariantRun sparse, dense;
+  ASSERT_TRUE(run_cuda(p, true, sparse));
+  p.use_block_mask = false;
+  ASSERT_TRUE(run_cuda(p, true, dense));
+  expect_same_results(sparse, dense);
+}
+
+// Every block listed: every tile is visited and full, so the walk is the
+// dense one and so are the bits.
+TEST(CudaBlockSparseBitwise, DensityOneIsDense) {
+  FA_REQUIRE_GPU();
+  for (const Case& c : block_sparse_suite({FA_BF16}, {64, 128})) {
+    if (c.block_density != 1.0 || c.dropout_p != 0.0f) continue;
+    SCOPED_TRACE(c.name());
+    expect_block_mask_is_dense(make_problem(c));
+  }
+}
+
+// create_block_mask's causal and sliding-window masks with the same element
+// mask: the tiles they skip hold no visible pair, and a tile they cut takes
+// the masked body, which drops only pairs the element mask drops too.
+TEST(CudaBlockSparseBitwise, FlexCausalAndSlidingWindowMasksAreDense) {
+  FA_REQUIRE_GPU();
+  for (auto& [label, p] : flex_causal_window_problems(FA_BF16, {64, 128}, 6000)) {
+    SCOPED_TRACE(label);
+    expect_block_mask_is_dense(p);
+  }
+}
+
+// The deterministic backward with a sparse mask (each key tile waits for the
+// next-higher key tile that lists the query tile): bitwise the same run to
+// run, and right.
+TEST(CudaBlockSparseBitwise, DeterministicBackwardIsStable) {
+  FA_REQUIRE_GPU();
+  Case c = make_case(FA_BF16, 203, 203, 64, 6100);
+  c.causal = true;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.block_q = 16;
+  c.block_k = 48;
+  c.block_density = 0.5;
+  Problem p = make_problem(c);
+  p.options.deterministic = 1;
+  VariantRun a, b;
+  ASSERT_TRUE(run_cuda(p, true, a));
+  ASSERT_TRUE(run_cuda(p, true, b));
+  expect_same_bytes(a.dq, b.dq, "dq");
+  expect_same_bytes(a.dk, b.dk, "dk");
+  expect_backward_matches(p, a.dq, a.dk, a.dv, a.dsinks);
+}
+
+// Writes NaN into the K and V rows of key blocks that no query block lists.
+void poison_unlisted_keys(const Problem& p, const std::vector<bool>& listed, DeviceProblem& d) {
+  const int64_t row_bytes = static_cast<int64_t>(p.c.head_dim) * 2;  // 16-bit elements
+  std::vector<uint16_t> nan_row(static_cast<size_t>(p.c.head_dim), 0x7fc0);  // bf16 NaN
+  for (int kb = 0; kb < static_cast<int>(listed.size()); ++kb) {
+    if (listed[kb]) continue;
+    for (int j = kb * p.c.block_k; j < std::min(p.c.seqlen_k, (kb + 1) * p.c.block_k); ++j) {
+      for (int h = 0; h < p.c.heads_kv; ++h) {
+        const int64_t offset = (static_cast<int64_t>(j) * p.c.heads_kv + h) * row_bytes;
+        for (DeviceTensor* t : {&d.k, &d.v}) {
+          cudaMemcpy(static_cast<char*>(t->memory.get()) + offset, nan_row.data(), row_bytes,
+                     cudaMemcpyHostToDevice);
+        }
+      }
+    }
+  }
+}
+
+// Blocks of 128 keys (a multiple of every kernel tile): key blocks nobody
+// lists lie in tiles the kernels never load, so NaN there changes no bit.
+TEST(CudaBlockSparseSkipping, UnlistedKeyTilesAreNeverRead) {
+  FA_REQUIRE_GPU();
+  for (int d : {64, 128, 256}) {
+    Case c = make_case(FA_BF16, 300, 700, d, 6200 + d);
+    c.block_q = 128;
+    c.block_k = 128;
+    c.block_density = 1.0;
+    c.block_shared = true;
+    Problem p = make_problem(c);
+    BlockClasses bc(128, 128, 1, 1, c.seqlen_q, c.seqlen_k);
+    std::vector<bool> listed(static_cast<size_t>(bc.k_blocks), false);
+    for (int qb = 0; qb < bc.q_blocks; ++qb) {
+      for (int kb = 0; kb < bc.k_blocks; ++kb) {
+        // Key blocks 1 and 5 (the last, 60 keys) listed by no query block.
+        const bool on = kb != 1 && kb != 5 && (kb % 2 == qb % 2 || kb == 3);
+        bc.at(0, 0, qb, kb) = on ? 1 + kb % 2 : 0;
+      }
+    }
+    for (int kb = 0; kb < bc.k_blocks; ++kb)
+      for (int qb = 0; qb < bc.q_blocks; ++qb) listed[kb] = listed[kb] || bc.at(0, 0, qb, kb) != 0;
+    set_block_mask(p, bc);
+    SCOPED_TRACE(c.name());
+    VariantRun clean, poisoned;
+    ASSERT_TRUE(run_cuda(p, true, clean));
+    ASSERT_TRUE(run_cuda(p, true, poisoned, [&](DeviceProblem& dp) { poison_unlisted_keys(p, listed, dp); }));
+    expect_same_bytes(clean.out, poisoned.out, "out");
+    expect_same_bytes(clean.lse, poisoned.lse, "lse");
+    expect_same_bytes(clean.dk, poisoned.dk, "dk");
+    expect_same_bytes(clean.dv, poisoned.dv, "dv");
+    expect_forward_matches(p, clean.out, clean.lse);
+  }
+}
+
+// A small problem with a block mask and its poisoned output on the device.
+struct ErrorCase {
+  Problem p;
+  DeviceProblem d;
+  HostTensor out;
+  DeviceTensor dout;
+  explicit ErrorCase(uint64_t seed) : p(problem(seed)), d(p), out(p.poisoned_like_q()), dout(DeviceTensor::upload(out)) {}
+  static Problem problem(uint64_t seed) {
+    Case c = make_case(FA_BF16, 40, 50, 64, seed);
+    c.block_q = 16;
+    c.block_k = 16;
+    c.block_density = 0.5;
+    return make_problem(c);
+  }
+  fa_status forward(const fa_options& o, const fa_extras& x) {
+    return fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc, nullptr, nullptr, &o, &x);
+  }
+};
+
+// The lists are read on the host: device-memory lists are refused (named),
+// before anything is written.
+TEST(CudaBlockSparseErrors, DeviceListsAreRefused) {
+  FA_REQUIRE_GPU();
+  ErrorCase e(6300);
+  DeviceTensor num = DeviceTensor::upload(e.p.kv_num_blocks);
+  fa_extras x = e.p.extras();
+  fa_block_mask m = *x.block_mask;
+  m.kv_num_blocks = &num.desc;
+  x.block_mask = &m;
+  EXPECT_EQ(e.forward(e.d.options(), x), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("block_mask.kv_num_blocks must be host memory"), std::string::npos)
+      << fa_last_error();
+  EXPECT_EQ(e.dout.download(e.out).bytes, e.out.bytes) << "out written";
+}
+
+// The host lists are copied per call, which a CUDA graph cannot replay: refused.
+TEST(CudaBlockSparseErrors, GraphCaptureIsRefused) {
+  FA_REQUIRE_GPU();
+  ErrorCase e(6400);
+  cudaStream_t stream = nullptr;
+  FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fa_options o = e.d.options();
+  o.stream = stream;
+  FA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const fa_status s = e.forward(o, e.p.extras());
+  const std::string error = fa_last_error();
+  cudaGraph_t graph = nullptr;
+  FA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(s, FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(error.find("CUDA graph"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace flashattn::testing
