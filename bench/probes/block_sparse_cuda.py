@@ -9,15 +9,17 @@ bf16, batch 1, blocks 128 x 128. Masks: random lists per head at densities 1, 0.
 (every listed block "full", so FlexAttention evaluates no mask_mod either) and
 create_block_mask's causal mask (flashattn: causal=True, the same lists). flashattn gets
 the lists as host tensors (a copy made once, as a caller keeping its mask would: a GPU
-BlockMask would be copied to the host on every call). Times: median of --repeats
-CUDA-event timings per configuration after --warmup calls; the backward is fwd+bwd minus
-fwd. TFLOP/s are counted on the visited blocks (4 * pairs * d forward, 2.5 times that
+BlockMask would be copied to the host on every call). Times: per call, --repeats calls
+back to back between two CUDA events (median of three batches, after --warmup calls);
+the backward is fwd+bwd minus fwd; "host ms" is the time the host spends in one
+forward call (the library's list handling and launch, Python included). TFLOP/s are counted on the visited blocks (4 * pairs * d forward, 2.5 times that
 backward), the dense call's on every pair.
 """
 
 import argparse
 import os
 import statistics
+import time
 
 import torch
 from torch.nn.attention import flex_attention as flex
@@ -59,16 +61,32 @@ def visited_pairs(bm, heads):
 
 
 def time_ms(fn, warmup, repeats):
+    """Per-call time of `repeats` calls issued back to back (the host's work for a call
+    overlaps the GPU's for the one before), median of three such batches."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
+    torch.cuda.synchronize()
+    batches = []
+    for _ in range(3):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(repeats):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        batches.append(start.elapsed_time(end) / repeats)
+    return statistics.median(batches)
+
+
+def host_ms(fn, repeats):
+    """Median time the host spends in one call (the GPU idle before it: synchronized)."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 
@@ -111,18 +129,21 @@ def main():
     os.environ["FLASHATTN_DISABLE_SM90"] = "1"  # the dense sm80 kernel
     dense_f, dense_fb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c), (q, k, v), dout,
                                    args.warmup, args.repeats)
+    with torch.no_grad():
+        dense_host = host_ms(lambda: flashattn.flash_attn_func(q, k, v), args.repeats)
     dense_cf, dense_cfb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=True), (q, k, v),
                                      dout, args.warmup, args.repeats)
     del os.environ["FLASHATTN_DISABLE_SM90"]
     all_pairs = h * n * n
     tf = lambda pairs, ms, factor: factor * 4 * pairs * d / ms / 1e9  # noqa: E731
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, batch 1, {h} heads, seqlen {n}, d {d}, "
-          f"blocks {BLOCK}x{BLOCK}; median of {args.repeats}")
+          f"blocks {BLOCK}x{BLOCK}; {args.repeats} calls back to back")
     print(f"dense sm80: fwd {dense_f:.3f} ms ({tf(all_pairs, dense_f, 1):.0f} TFLOP/s), "
-          f"bwd {dense_fb - dense_f:.3f} ms ({tf(all_pairs, dense_fb - dense_f, 2.5):.0f} TFLOP/s)")
+          f"bwd {dense_fb - dense_f:.3f} ms ({tf(all_pairs, dense_fb - dense_f, 2.5):.0f} TFLOP/s), "
+          f"host {dense_host:.3f} ms per fwd call")
     print(f"dense sm80 causal: fwd {dense_cf:.3f} ms, bwd {dense_cfb - dense_cf:.3f} ms")
     print("mask | visited | flashattn fwd ms (TFLOP/s, vs dense) | bwd ms (TFLOP/s, vs dense) | "
-          "flex fwd ms | flex bwd ms | speedup fwd / bwd")
+          "flex fwd ms | flex bwd ms | speedup fwd / bwd | flashattn host ms per fwd call")
     for name, is_causal, bm in masks:
         pairs = visited_pairs(bm, h)
         hm = host_mask(bm)
@@ -131,10 +152,13 @@ def main():
         fl_f, fl_fb = fwd_and_fb(lambda a, b, c: flex_compiled(a, b, c, block_mask=bm), (qf, kf, vf), doutf,
                                  args.warmup, args.repeats)
         fa_b, fl_b = fa_fb - fa_f, fl_fb - fl_f
+        with torch.no_grad():
+            fa_host = host_ms(lambda: flashattn.flash_attn_func(q, k, v, causal=is_causal, block_mask=hm),
+                              args.repeats)
         ff, fb = tf(pairs, fa_f, 1), tf(pairs, fa_b, 2.5)
         print(f"{name} | {pairs / all_pairs:.3f} | {fa_f:.3f} ({ff:.0f}, {ff / tf(all_pairs, dense_f, 1):.2f}) | "
               f"{fa_b:.3f} ({fb:.0f}, {fb / tf(all_pairs, dense_fb - dense_f, 2.5):.2f}) | {fl_f:.3f} | {fl_b:.3f} | "
-              f"{fl_f / fa_f:.2f} / {fl_b / fa_b:.2f}", flush=True)
+              f"{fl_f / fa_f:.2f} / {fl_b / fa_b:.2f} | {fa_host:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -339,7 +339,8 @@ def test_cuda_create_block_mask(kind, block, monkeypatch):
     the sm80 kernels, so the dense call is routed there too)."""
     torch, flex = _cuda_torch()
     n, window = 448, 100
-    docs = torch.tensor([0] * 128 + [1] * 64 + [2] * 192 + [3] * 64, device="cuda")
+    # documents starting on block boundaries (of 128 and of 32 x 64)
+    docs = torch.tensor([0] * 128 + [1] * 128 + [2] * 128 + [3] * 64, device="cuda")
 
     def mask_mod(b, h, i, j):
         if kind == "documents":

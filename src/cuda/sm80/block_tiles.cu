@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,24 +33,52 @@ void for_each_listed(const BlockMaskView& m, int b, int h, int qb, Fn&& fn) {
   for (int n = 0; n < m.full.count(b, h, qb); ++n) fn(m.full.index(b, h, qb, n));
 }
 
+// Per key block, the key tiles it meets: [first[kb], first[kb + 1]) of
+// `tiles`, with the keys it holds of each (O(k_blocks + tiles met), once per
+// call: the per-entry loop then does no division).
+struct KeyBlockTiles {
+  std::vector<int32_t> first{0};
+  std::vector<int32_t> tiles, cols;
+  KeyBlockTiles(int k_blocks, int block_k, int seqlen_k, int tile_n) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int64_t c0 = int64_t{kb} * block_k, c1 = std::min<int64_t>(c0 + block_k, seqlen_k);
+      for (int64_t nt = c0 / tile_n; nt <= (c1 - 1) / tile_n; ++nt) {
+        tiles.push_back(static_cast<int32_t>(nt));
+        cols.push_back(static_cast<int32_t>(std::min(c1, (nt + 1) * tile_n) - std::max(c0, nt * tile_n)));
+      }
+      first.push_back(static_cast<int32_t>(tiles.size()));
+    }
+  }
+};
+
+// Scratch of the per-query-tile pass: listed pairs per key tile (zero
+// between query tiles) and the tiles touched.
+struct PairCounts {
+  std::vector<int64_t> pairs;
+  std::vector<int32_t> touched;
+};
+
 // The key tiles of query tile [row0, row1) of list row (b, h) that hold a
 // listed pair, ascending, each with kFullTile when all its pairs (inside
 // seqlen_q x seqlen_k) are listed: counted, as validation guarantees no pair
-// twice. `pairs` (zero on entry and exit) and `touched` are scratch.
-void key_tiles_of(const BlockMaskView& m, int b, int h, int64_t row0, int64_t row1, int seqlen_k, int tile_n,
-                  std::vector<int64_t>& pairs, std::vector<int32_t>& touched, HostTileList& out) {
+// twice.
+void key_tiles_of(const BlockMaskView& m, const KeyBlockTiles& kbt, int b, int h, int64_t row0, int64_t row1,
+                  int seqlen_k, int tile_n, PairCounts& scratch, HostTileList& out) {
+  std::vector<int64_t>& pairs = scratch.pairs;
+  std::vector<int32_t>& touched = scratch.touched;
   for (int64_t qb = row0 / m.block_q; qb <= (row1 - 1) / m.block_q; ++qb) {
     const int64_t rows = std::min(row1, (qb + 1) * m.block_q) - std::max(row0, qb * m.block_q);
     for_each_listed(m, b, h, static_cast<int>(qb), [&](int kb) {
-      const int64_t c0 = int64_t{kb} * m.block_k, c1 = std::min<int64_t>(c0 + m.block_k, seqlen_k);
-      for (int64_t nt = c0 / tile_n; nt <= (c1 - 1) / tile_n; ++nt) {
-        const int64_t cols = std::min(c1, (nt + 1) * tile_n) - std::max(c0, nt * tile_n);
-        if (pairs[nt] == 0) touched.push_back(static_cast<int32_t>(nt));
-        pairs[nt] += rows * cols;
+      for (int32_t t = kbt.first[kb]; t < kbt.first[kb + 1]; ++t) {
+        const int32_t nt = kbt.tiles[t];
+        if (pairs[nt] == 0) touched.push_back(nt);
+        pairs[nt] += rows * kbt.cols[t];
       }
     });
   }
-  std::sort(touched.begin(), touched.end());
+  // NOTES: lists in ascending order (FlexAttention's) touch tiles in order:
+  // sorting them anyway cost ~1 us per query tile, most of a call's host time.
+  if (!std::is_sorted(touched.begin(), touched.end())) std::sort(touched.begin(), touched.end());
   for (const int32_t nt : touched) {
     const int64_t cols = std::min<int64_t>(seqlen_k, (int64_t{nt} + 1) * tile_n) - int64_t{nt} * tile_n;
     out.entries.push_back(nt | (pairs[nt] == (row1 - row0) * cols ? kFullTile : 0));
@@ -60,14 +90,15 @@ void key_tiles_of(const BlockMaskView& m, int b, int h, int64_t row0, int64_t ro
 // Every list row's key_tiles_of, per query tile; false when the entries
 // outgrow the int32 offsets of TileList.
 bool key_tile_lists(const BlockMaskView& m, int seqlen_q, int seqlen_k, int tile_m, int tile_n, HostTileList& out) {
-  std::vector<int64_t> pairs(static_cast<size_t>(tiles_of(seqlen_k, tile_n)), 0);
-  std::vector<int32_t> touched;
+  const KeyBlockTiles kbt(m.k_blocks, m.block_k, seqlen_k, tile_n);
+  PairCounts scratch;
+  scratch.pairs.assign(static_cast<size_t>(tiles_of(seqlen_k, tile_n)), 0);
   const int64_t q_tiles = tiles_of(seqlen_q, tile_m);
   for (int b = 0; b < m.batch; ++b) {
     for (int h = 0; h < m.heads; ++h) {
       for (int64_t qt = 0; qt < q_tiles; ++qt) {
-        key_tiles_of(m, b, h, qt * tile_m, std::min<int64_t>((qt + 1) * tile_m, seqlen_q), seqlen_k, tile_n, pairs,
-                     touched, out);
+        key_tiles_of(m, kbt, b, h, qt * tile_m, std::min<int64_t>((qt + 1) * tile_m, seqlen_q), seqlen_k, tile_n,
+                     scratch, out);
         if (out.entries.size() > static_cast<size_t>(INT32_MAX)) return false;
         out.start.push_back(static_cast<int32_t>(out.entries.size()));
       }
@@ -134,23 +165,100 @@ fa_status device_error(cudaError_t err, const char* what) {
   return fail(FA_ERROR_DEVICE, std::string("block_mask: ") + what + ": " + cudaGetErrorString(err));
 }
 
-}  // namespace
+// What a launch's tile lists are built from: the launch's tiles and lengths,
+// the mask's geometry and every entry it lists (count, entries, per list row
+// and query block, partial then full). Equal keys give equal lists.
+struct CacheKey {
+  std::vector<int64_t> shape;
+  std::vector<int32_t> lists;
+  bool operator==(const CacheKey& o) const { return shape == o.shape && lists == o.lists; }
+};
 
-BlockTileBuffer::~BlockTileBuffer() {
-  if (device_ != nullptr) cudaFreeAsync(device_, stream_);
+CacheKey cache_key(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk) {
+  const BlockMaskView& m = p.block_mask;
+  CacheKey k;
+  k.shape = {p.device_index, tile_m, tile_n, static_cast<int>(walk), p.seqlen_q, p.seqlen_k,
+             m.block_q,      m.block_k, m.batch, m.heads, m.q_blocks, m.k_blocks};
+  // Validation checked a contiguous last dimension: a row's entries are
+  // consecutive ints.
+  const auto for_each_row = [&](auto&& fn) {
+    for (int b = 0; b < m.batch; ++b)
+      for (int h = 0; h < m.heads; ++h)
+        for (int qb = 0; qb < m.q_blocks; ++qb)
+          for (const BlockList* l : {&m.partial, &m.full}) fn(*l, b, h, qb, l->count(b, h, qb));
+  };
+  size_t total = 0;
+  for_each_row([&](const BlockList&, int, int, int, int count) { total += 1 + static_cast<size_t>(count); });
+  k.lists.reserve(total);
+  for_each_row([&](const BlockList& l, int b, int h, int qb, int count) {
+    k.lists.push_back(count);
+    if (count > 0) {
+      const int32_t* first = &l.indices[b * l.index_strides[0] + h * l.index_strides[1] + qb * l.index_strides[2]];
+      k.lists.insert(k.lists.end(), first, first + count);
+    }
+  });
+  return k;
 }
 
-fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk) {
-  if (!p.has_block_mask()) return FA_OK;
-  stream_ = static_cast<cudaStream_t>(p.stream);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (const cudaError_t err = cudaStreamIsCapturing(stream_, &capture); err != cudaSuccess) {
-    return device_error(err, "cudaStreamIsCapturing");
+// The tile lists of the last few masks, kept on the device: a model calls
+// the same mask for every layer and step, and rebuilding its lists on the
+// host cost ~1.5 ms per call at 8k, 16 heads, 128 x 128 blocks (more than the
+// forward kernel), against ~0.1 ms to read the mask for the key.
+// NOTES: never destroyed (a static destructor would free device memory after
+// the CUDA runtime is torn down at exit); a buffer lives while the cache or a
+// launch holds it (shared_ptr: an eviction during another thread's launch
+// frees it after that launch's BlockTileBuffer is done).
+class TileCache {
+ public:
+  static TileCache& instance() {
+    static TileCache* cache = new TileCache;
+    return *cache;
   }
-  if (capture != cudaStreamCaptureStatusNone) {
-    return fail(FA_ERROR_UNSUPPORTED, "block_mask: the lists are copied to the device on every call, which a "
-                                      "CUDA graph cannot capture (docs/variants.md)");
+  std::shared_ptr<void> find(const CacheKey& key, BlockTiles* view) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry& e : entries_) {
+      if (e.key == key) {
+        e.last_use = ++clock_;
+        *view = e.view;
+        return e.buffer;
+      }
+    }
+    return nullptr;
   }
+  void insert(CacheKey key, std::shared_ptr<void> buffer, const BlockTiles& view) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.size() == kEntries) {
+      entries_.erase(std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; }));
+    }
+    entries_.push_back({std::move(key), std::move(buffer), view, ++clock_});
+  }
+
+ private:
+  // A forward and a backward (two tile shapes) of a few masks.
+  static constexpr size_t kEntries = 8;
+  struct Entry {
+    CacheKey key;
+    std::shared_ptr<void> buffer;
+    BlockTiles view;
+    uint64_t last_use;
+  };
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
+};
+
+// Buffers over this size are not kept (built per call and freed after it).
+constexpr size_t kMaxCachedBytes = size_t{64} << 20;
+
+// The host image of a launch's tile lists and where each part starts in it.
+struct Layout {
+  size_t kq_start = 0, kq_entries = 0, qk_start = 0, qk_entries = 0, bit_words = 0;
+  int q_tiles = 0, k_tiles = 0, words = 0;
+  bool backward = false, bits = false;
+};
+
+fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, Image& img, Layout& at) {
   const BlockMaskView& m = p.block_mask;
   const int64_t rows = int64_t{m.batch} * m.heads;
   const int64_t q_tiles = tiles_of(p.seqlen_q, tile_m), k_tiles = tiles_of(p.seqlen_k, tile_n);
@@ -171,27 +279,73 @@ fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_
     }
     bits = listed_bits(m, words);
   }
+  at.kq_start = img.append(by_query.start);
+  at.kq_entries = img.append(by_query.entries);
+  at.qk_start = img.append(by_key.start);
+  at.qk_entries = img.append(by_key.entries);
+  at.bit_words = img.append(bits);
+  at.q_tiles = static_cast<int>(q_tiles);
+  at.k_tiles = static_cast<int>(k_tiles);
+  at.words = words;
+  at.backward = walk == BlockWalk::kBackward;
+  at.bits = !bits.empty();
+  return FA_OK;
+}
 
-  Image img;
-  const size_t kq_start = img.append(by_query.start), kq_entries = img.append(by_query.entries);
-  const size_t qk_start = img.append(by_key.start), qk_entries = img.append(by_key.entries);
-  const size_t bit_words = img.append(bits);
-  const size_t bytes = img.words.size() * sizeof(uint32_t);
-  if (cudaError_t err = cudaMallocAsync(&device_, bytes, stream_); err != cudaSuccess) {
-    device_ = nullptr;
-    cudaGetLastError();
-    return fail(FA_ERROR_OUT_OF_MEMORY, "block_mask: could not allocate " + std::to_string(bytes) +
-                                            " bytes for the tile lists: " + cudaGetErrorString(err));
+BlockTiles view_of(const Layout& at, const void* device) {
+  const auto* base = static_cast<const uint32_t*>(device);
+  const auto ints = [&](size_t offset) { return reinterpret_cast<const int32_t*>(base + offset); };
+  BlockTiles v;
+  v.key_tiles = {ints(at.kq_start), ints(at.kq_entries), at.q_tiles};
+  if (at.backward) v.query_tiles = {ints(at.qk_start), ints(at.qk_entries), at.k_tiles};
+  if (at.bits) v.blocks = {base + at.bit_words, at.words};
+  return v;
+}
+
+fa_status allocation_error(size_t bytes, cudaError_t err) {
+  cudaGetLastError();
+  return fail(FA_ERROR_OUT_OF_MEMORY, "block_mask: could not allocate " + std::to_string(bytes) +
+                                          " bytes for the tile lists: " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+BlockTileBuffer::~BlockTileBuffer() {
+  if (device_ != nullptr) cudaFreeAsync(device_, stream_);
+}
+
+fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk) {
+  if (!p.has_block_mask()) return FA_OK;
+  stream_ = static_cast<cudaStream_t>(p.stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (const cudaError_t err = cudaStreamIsCapturing(stream_, &capture); err != cudaSuccess) {
+    return device_error(err, "cudaStreamIsCapturing");
   }
-  if (cudaError_t err = cudaMemcpyAsync(device_, img.words.data(), bytes, cudaMemcpyHostToDevice, stream_);
+  if (capture != cudaStreamCaptureStatusNone) {
+    return fail(FA_ERROR_UNSUPPORTED, "block_mask: the lists are copied to the device on every call, which a "
+                                      "CUDA graph cannot capture (docs/variants.md)");
+  }
+  CacheKey key = cache_key(p, tile_m, tile_n, walk);
+  cached_ = TileCache::instance().find(key, &view_);
+  if (cached_ != nullptr) return FA_OK;
+  Image img;
+  Layout at;
+  FA_RETURN_IF_ERROR(build_image(p, tile_m, tile_n, walk, img, at));
+  const size_t bytes = img.words.size() * sizeof(uint32_t);
+  const bool keep = bytes <= kMaxCachedBytes;
+  void* device = nullptr;
+  // NOTES: a kept buffer is plain cudaMalloc memory (it outlives the stream
+  // order of this call); one used once comes from the stream-ordered pool.
+  const cudaError_t alloc = keep ? cudaMalloc(&device, bytes) : cudaMallocAsync(&device, bytes, stream_);
+  if (alloc != cudaSuccess) return allocation_error(bytes, alloc);
+  if (keep) cached_ = std::shared_ptr<void>(device, [](void* d) { cudaFree(d); });
+  else device_ = device;
+  if (cudaError_t err = cudaMemcpyAsync(device, img.words.data(), bytes, cudaMemcpyHostToDevice, stream_);
       err != cudaSuccess) {
     return device_error(err, "copying the tile lists to the device");
   }
-  const auto* base = static_cast<const uint32_t*>(device_);
-  const auto ints = [&](size_t at) { return reinterpret_cast<const int32_t*>(base + at); };
-  view_.key_tiles = {ints(kq_start), ints(kq_entries), static_cast<int>(q_tiles)};
-  if (walk == BlockWalk::kBackward) view_.query_tiles = {ints(qk_start), ints(qk_entries), static_cast<int>(k_tiles)};
-  if (!bits.empty()) view_.blocks = {base + bit_words, words};
+  view_ = view_of(at, device);
+  if (keep) TileCache::instance().insert(std::move(key), cached_, view_);
   return FA_OK;
 }
 

@@ -6,11 +6,15 @@
 // core/block_mask.cpp, where every index is read anyway), so the tile lists
 // are built here on the host and copied with one cudaMemcpyAsync from
 // pageable memory (staged by the driver: no wait on the stream's earlier
-// work). A CUDA graph cannot capture that copy (it would replay a host buffer
-// freed after the call), so a block mask under capture is refused.
+// work); the last few are kept on the device and reused when a call brings
+// the same lists for the same launch. A CUDA graph cannot capture the copy (it
+// would replay a host buffer freed after the call), so a block mask under
+// capture is refused.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <memory>
 
 #include "core/params.h"
 #include "cuda/sm80/block_sparse.cuh"
@@ -21,7 +25,8 @@ namespace flashattn::cuda::sm80 {
 // key tile (and per query tile for the deterministic dQ order).
 enum class BlockWalk { kForward, kBackward };
 
-// The device copy of one launch's BlockTiles; freed (stream-ordered) with the object.
+// The device copy of one launch's BlockTiles: one kept from an earlier call
+// with the same mask and launch (block_tiles.cu, TileCache), or built now.
 class BlockTileBuffer {
  public:
   BlockTileBuffer() = default;
@@ -36,7 +41,8 @@ class BlockTileBuffer {
 
  private:
   BlockTiles view_;
-  void* device_ = nullptr;
+  std::shared_ptr<void> cached_;  // a kept buffer (reused by later calls with the same mask)
+  void* device_ = nullptr;        // a buffer of this call only
   cudaStream_t stream_ = nullptr;
 };
 

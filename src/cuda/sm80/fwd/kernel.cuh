@@ -112,10 +112,10 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     // NOTES: a runtime `if` around the mask inside one body split it into
     // basic blocks; two bodies measured faster (docs/performance.md).
     Scores<K> s;
-    if (needs_mask<K>(p, cta, softcap, n0) || Walk::partial(tiles, cta, j)) {
+    if (needs_mask<K>(p, cta, softcap, n0) || (Walk::kListed && Walk::partial(tiles, cta, j))) {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
       mask_scores<K>(s, p, cta, th, softcap, n0 + th.key_off);
-      if (Walk::partial(tiles, cta, j)) Walk::template drop_unlisted<K>(s, th, j);
+      if (Walk::kListed && Walk::partial(tiles, cta, j)) Walk::template drop_unlisted<K>(s, th, j);
       online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
     } else {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);

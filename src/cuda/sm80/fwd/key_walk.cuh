@@ -25,6 +25,7 @@ namespace flashattn::cuda::sm80 {
 
 struct DenseKeys {
   struct Tiles {};
+  static constexpr bool kListed = false;
   template <class Cfg>
   static constexpr int smem_bytes() {
     return 0;
@@ -56,6 +57,7 @@ struct DenseKeys {
 // S, O and P are live, spilled 16 to 140 bytes at d 64 / 128 / 256.
 struct ListedKeys {
   using Tiles = BlockTiles;
+  static constexpr bool kListed = true;
   template <class Cfg>
   static constexpr int kSplit = Cfg::kPairSplit ? 2 : 1;
   template <class Cfg>
@@ -113,7 +115,7 @@ struct ListedKeys {
       out[w] = bits;
     }
   }
-  // The masked body of step j: scores whose bit is clear -> -inf.
+  // The masked body of step j, when not full: scores whose bit is clear -> -inf.
   template <class K>
   __device__ __forceinline__ static void drop_unlisted(Scores<K>& s, const FwdThread& th, int j) {
     constexpr int kSplitN = kSplit<typename K::Tune>;
