@@ -418,16 +418,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const T* gdo = static_cast<const T*>(p.dout);
   // K and V of this tile: loaded once (not at all when no query tile sees it).
   if (iters > 0) {
-  load_rows_async<BN, D, RS>(sK,
-                             static_cast<const T*>(p.k) +
-                                 row_offset(b, seq.row_k, k0, hk, p.k_batch_stride,
-                                            p.k_row_stride, p.k_head_stride, varlen),
-                             p.k_row_stride, kv_rows, p.head_dim, tid);
-  load_rows_async<BN, D, RS>(sV,
-                             static_cast<const T*>(p.v) +
-                                 row_offset(b, seq.row_k, k0, hk, p.v_batch_stride,
-                                            p.v_row_stride, p.v_head_stride, varlen),
-                             p.v_row_stride, kv_rows, p.head_dim, tid);
+    load_rows_async<BN, D, RS>(sK,
+                               static_cast<const T*>(p.k) +
+                                   row_offset(b, seq.row_k, k0, hk, p.k_batch_stride,
+                                              p.k_row_stride, p.k_head_stride, varlen),
+                               p.k_row_stride, kv_rows, p.head_dim, tid);
+    load_rows_async<BN, D, RS>(sV,
+                               static_cast<const T*>(p.v) +
+                                   row_offset(b, seq.row_k, k0, hk, p.v_batch_stride,
+                                              p.v_row_stride, p.v_head_stride, varlen),
+                               p.v_row_stride, kv_rows, p.head_dim, tid);
   }
   cp_async_commit();
 

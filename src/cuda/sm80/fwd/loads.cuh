@@ -24,8 +24,7 @@ enum class KVOperand { kKeys, kValues };
 // Step j's tile of K or V into its slot's half; nothing for steps past the CTA's range.
 template <class K, class Walk, KVOperand kOp, typename T>
 __device__ __forceinline__ void issue_kv(const KVCopy<K>& kv_copy, const AttentionParams& p, const FwdCta<T>& cta,
-    const typename Walk::Tiles& tiles,
-                                         int j, int slot, int d_valid) {
+                                         const typename Walk::Tiles& tiles, int j, int slot, int d_valid) {
   if (j < cta.n_tiles) {
     constexpr bool kValues = kOp == KVOperand::kValues;
     const int n0 = Walk::tile(tiles, cta, j) * K::kN;
@@ -40,7 +39,7 @@ __device__ __forceinline__ void issue_kv(const KVCopy<K>& kv_copy, const Attenti
 template <class K, class Walk, typename T>
 __device__ __forceinline__ void load_first_tiles(const QCopy<K>& q_copy, const KVCopy<K>& kv_copy,
                                                  const AttentionParams& p, const FwdCta<T>& cta,
-    const typename Walk::Tiles& tiles, int d_valid) {
+                                                 const typename Walk::Tiles& tiles, int d_valid) {
   q_copy.load(smem_q(), cta.q, p.q_row_stride, cta.rows_valid, d_valid);
   issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, 0, 0, d_valid);
   if constexpr (K::kSplitKV) {
@@ -61,8 +60,7 @@ __device__ __forceinline__ void load_first_tiles(const QCopy<K>& q_copy, const K
 // >= 2; tile j + kStages - 1 is issued now) are in shared memory for every thread.
 template <class K, class Walk, typename T>
 __device__ __forceinline__ void await_tile(const KVCopy<K>& kv_copy, const AttentionParams& p, const FwdCta<T>& cta,
-    const typename Walk::Tiles& tiles,
-                                           int j, int d_valid) {
+                                           const typename Walk::Tiles& tiles, int j, int d_valid) {
   if constexpr (K::kSplitKV) {
     cp_async_wait<0>();  // K_j (and, at j = 0, Q) landed
     __syncthreads();     // ... for every thread; V_{j-1} is no longer read
@@ -71,9 +69,10 @@ __device__ __forceinline__ void await_tile(const KVCopy<K>& kv_copy, const Atten
   } else {
     cp_async_wait<K::kPending>();  // tile j (and, at j = 0, Q) landed
     __syncthreads();               // ... for every thread; the slot of tile j-1 is free
-    issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages, d_valid);
+    issue_kv<K, Walk, KVOperand::kKeys>(kv_copy, p, cta, tiles, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages,
+                                        d_valid);
     issue_kv<K, Walk, KVOperand::kValues>(kv_copy, p, cta, tiles, j + K::kStages - 1, (j + K::kStages - 1) % K::kStages,
-                                    d_valid);
+                                          d_valid);
     cp_async_commit();
   }
 }
@@ -82,8 +81,7 @@ __device__ __forceinline__ void await_tile(const KVCopy<K>& kv_copy, const Atten
 // pair split, the partner warp's P is in shared memory.
 template <class K, class Walk, typename T>
 __device__ __forceinline__ void await_v(const KVCopy<K>& kv_copy, const AttentionParams& p, const FwdCta<T>& cta,
-    const typename Walk::Tiles& tiles,
-                                        int j, int warp, int d_valid) {
+                                        const typename Walk::Tiles& tiles, int j, int warp, int d_valid) {
   if constexpr (K::kSplitKV) {
     cp_async_wait<0>();  // V_j landed
     __syncthreads();     // ... for every thread (also the partner's P); K_j is no longer read
