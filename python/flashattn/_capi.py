@@ -866,7 +866,7 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
     drops attention probabilities by Philox bits of (dropout_seed, dropout_offset) (the CPU
     backend only for now); the backward needs the same three values. ``block_mask``: a
     FlexAttention BlockMask, a flashattn.BlockMask or block_mask_parts() of one (host int32
-    lists, CPU backend): only the listed key blocks of each query block are visited, the
+    lists, for the CPU and the CUDA backend; not under CUDA-graph capture): only the listed key blocks of each query block are visited, the
     element mask (causal, window) applying inside them; the backward needs the same mask.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
