@@ -132,8 +132,8 @@ HostTileList transpose(const HostTileList& by_query, int64_t rows, int64_t q_til
   return out;
 }
 
-bool has_partial_tile(const HostTileList& l) {
-  return std::any_of(l.entries.begin(), l.entries.end(), [](int32_t e) { return !TileList::full(e); });
+bool has_partial_tile(const std::vector<int32_t>& entries) {
+  return std::any_of(entries.begin(), entries.end(), [](int32_t e) { return !TileList::full(e); });
 }
 
 std::vector<uint32_t> listed_bits(const BlockMaskView& m, int words) {
@@ -261,16 +261,11 @@ struct Layout {
 fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, Image& img, Layout& at) {
   const BlockMaskView& m = p.block_mask;
   const int64_t rows = int64_t{m.batch} * m.heads;
-  const int64_t q_tiles = tiles_of(p.seqlen_q, tile_m), k_tiles = tiles_of(p.seqlen_k, tile_n);
-  HostTileList by_query;
-  if (!key_tile_lists(m, p.seqlen_q, p.seqlen_k, tile_m, tile_n, by_query)) {
-    return fail(FA_ERROR_UNSUPPORTED, "block_mask: more than 2^31 visited (query tile, key tile) pairs in one call");
-  }
-  HostTileList by_key;
-  if (walk == BlockWalk::kBackward) by_key = transpose(by_query, rows, q_tiles, k_tiles);
+  HostTileLists lists;
+  FA_RETURN_IF_ERROR(build_tile_lists(p, tile_m, tile_n, walk, &lists));
   const int words = static_cast<int>((m.k_blocks + 31) / 32);
   std::vector<uint32_t> bits;
-  if (has_partial_tile(by_query)) {
+  if (has_partial_tile(lists.key_entries)) {
     if (rows * m.q_blocks * words * 4 > kMaxBitTableBytes) {
       return fail(FA_ERROR_UNSUPPORTED, "block_mask: blocks of " + std::to_string(m.block_q) + " x " +
                                             std::to_string(m.block_k) + " over these lengths need a " +
@@ -279,13 +274,13 @@ fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWal
     }
     bits = listed_bits(m, words);
   }
-  at.kq_start = img.append(by_query.start);
-  at.kq_entries = img.append(by_query.entries);
-  at.qk_start = img.append(by_key.start);
-  at.qk_entries = img.append(by_key.entries);
+  at.kq_start = img.append(lists.key_start);
+  at.kq_entries = img.append(lists.key_entries);
+  at.qk_start = img.append(lists.query_start);
+  at.qk_entries = img.append(lists.query_entries);
   at.bit_words = img.append(bits);
-  at.q_tiles = static_cast<int>(q_tiles);
-  at.k_tiles = static_cast<int>(k_tiles);
+  at.q_tiles = static_cast<int>(tiles_of(p.seqlen_q, tile_m));
+  at.k_tiles = static_cast<int>(tiles_of(p.seqlen_k, tile_n));
   at.words = words;
   at.backward = walk == BlockWalk::kBackward;
   at.bits = !bits.empty();
@@ -309,6 +304,23 @@ fa_status allocation_error(size_t bytes, cudaError_t err) {
 }
 
 }  // namespace
+
+fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, HostTileLists* out) {
+  const BlockMaskView& m = p.block_mask;
+  HostTileList by_query;
+  if (!key_tile_lists(m, p.seqlen_q, p.seqlen_k, tile_m, tile_n, by_query)) {
+    return fail(FA_ERROR_UNSUPPORTED, "block_mask: more than 2^31 visited (query tile, key tile) pairs in one call");
+  }
+  if (walk == BlockWalk::kBackward) {
+    HostTileList by_key = transpose(by_query, int64_t{m.batch} * m.heads, tiles_of(p.seqlen_q, tile_m),
+                                    tiles_of(p.seqlen_k, tile_n));
+    out->query_start = std::move(by_key.start);
+    out->query_entries = std::move(by_key.entries);
+  }
+  out->key_start = std::move(by_query.start);
+  out->key_entries = std::move(by_query.entries);
+  return FA_OK;
+}
 
 BlockTileBuffer::~BlockTileBuffer() {
   if (device_ != nullptr) cudaFreeAsync(device_, stream_);

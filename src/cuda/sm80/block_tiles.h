@@ -14,7 +14,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/params.h"
 #include "cuda/sm80/block_sparse.cuh"
@@ -24,6 +26,19 @@ namespace flashattn::cuda::sm80 {
 // Which lists a launch walks: the forward per query tile; the backward per
 // key tile (and per query tile for the deterministic dQ order).
 enum class BlockWalk { kForward, kBackward };
+
+// One launch's tile lists on the host (block_sparse.cuh, TileList): per
+// (list row, query tile) the key tiles holding a listed pair, ascending, full
+// ones flagged kFullTile; for the backward also the transpose, per (list row,
+// key tile) the query tiles.
+struct HostTileLists {
+  std::vector<int32_t> key_start{0}, key_entries;
+  std::vector<int32_t> query_start, query_entries;  // kBackward only
+};
+
+// The lists of p's block mask for tiles of tile_m query rows x tile_n keys
+// (FA_ERROR_UNSUPPORTED past 2^31 entries).
+fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, HostTileLists* out);
 
 // The device copy of one launch's BlockTiles: one kept from an earlier call
 // with the same mask and launch (block_tiles.cu, TileCache), or built now.

@@ -1,0 +1,121 @@
+// The sm80 kernels' tile lists of a block mask (cuda/sm80/block_tiles.h),
+// built on the host, against a pair-by-pair computation: for every list row
+// and every (query tile, key tile) of a launch, the tile is listed exactly
+// when one of its (row, key) pairs lies in a listed block, flagged full
+// exactly when all of them do, and the backward's transpose holds the same
+// pairs. Host code only: runs without a GPU (in any CUDA build).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/harness.h"
+#include "common/suites.h"
+#include "core/block_mask.h"
+#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/sm80/block_tiles.h"
+
+namespace flashattn::testing {
+namespace {
+
+using cuda::sm80::BlockWalk;
+using cuda::sm80::HostTileLists;
+using cuda::sm80::kFullTile;
+
+// listed[(row * q_blocks + qb) * k_blocks + kb] from the validated lists.
+std::vector<bool> listed_pairs(const BlockMaskView& m) {
+  std::vector<bool> listed(static_cast<size_t>(m.batch) * m.heads * m.q_blocks * m.k_blocks, false);
+  for (int b = 0; b < m.batch; ++b)
+    for (int h = 0; h < m.heads; ++h)
+      for (int qb = 0; qb < m.q_blocks; ++qb)
+        for (const BlockList* l : {&m.partial, &m.full})
+          for (int n = 0; n < l->count(b, h, qb); ++n)
+            listed[((static_cast<size_t>(b) * m.heads + h) * m.q_blocks + qb) * m.k_blocks + l->index(b, h, qb, n)] =
+                true;
+  return listed;
+}
+
+// The expected entry of (list row, query tile qt, key tile nt): -1 when no
+// pair is listed, else nt (or qt, `transposed`) with kFullTile when all are.
+int32_t expected_entry(const BlockMaskView& m, const std::vector<bool>& listed, int row, int qt, int nt, int tile_m,
+                       int tile_n, int seqlen_q, int seqlen_k, bool transposed) {
+  int any = 0, all = 1;
+  for (int i = qt * tile_m; i < std::min(seqlen_q, (qt + 1) * tile_m); ++i) {
+    for (int j = nt * tile_n; j < std::min(seqlen_k, (nt + 1) * tile_n); ++j) {
+      const bool on = listed[(static_cast<size_t>(row) * m.q_blocks + i / m.block_q) * m.k_blocks + j / m.block_k];
+      any |= on;
+      all &= on;
+    }
+  }
+  if (!any) return -1;
+  return (transposed ? qt : nt) | (all ? kFullTile : 0);
+}
+
+void expect_lists(const Problem& problem, int tile_m, int tile_n) {
+  AttentionParams p = problem.host_params();
+  p.block_mask = BlockMaskView{};
+  (void)problem.extras();
+  ASSERT_EQ(apply_block_mask(&problem.block_mask, &p), FA_OK) << fa_last_error();
+  HostTileLists got;
+  ASSERT_EQ(build_tile_lists(p, tile_m, tile_n, BlockWalk::kBackward, &got), FA_OK) << fa_last_error();
+  const BlockMaskView& m = p.block_mask;
+  const std::vector<bool> listed = listed_pairs(m);
+  const int q_tiles = (p.seqlen_q + tile_m - 1) / tile_m, k_tiles = (p.seqlen_k + tile_n - 1) / tile_n;
+  const int rows = m.batch * m.heads;
+  ASSERT_EQ(got.key_start.size(), static_cast<size_t>(rows * q_tiles + 1));
+  ASSERT_EQ(got.query_start.size(), static_cast<size_t>(rows * k_tiles + 1));
+  for (int row = 0; row < rows; ++row) {
+    for (int qt = 0; qt < q_tiles; ++qt) {
+      std::vector<int32_t> want;
+      for (int nt = 0; nt < k_tiles; ++nt) {
+        const int32_t e = expected_entry(m, listed, row, qt, nt, tile_m, tile_n, p.seqlen_q, p.seqlen_k, false);
+        if (e >= 0) want.push_back(e);
+      }
+      const size_t r = static_cast<size_t>(row) * q_tiles + qt;
+      const std::vector<int32_t> have(got.key_entries.begin() + got.key_start[r],
+                                      got.key_entries.begin() + got.key_start[r + 1]);
+      EXPECT_EQ(have, want) << "key tiles of list row " << row << ", query tile " << qt;
+    }
+    for (int nt = 0; nt < k_tiles; ++nt) {
+      std::vector<int32_t> want;
+      for (int qt = 0; qt < q_tiles; ++qt) {
+        const int32_t e = expected_entry(m, listed, row, qt, nt, tile_m, tile_n, p.seqlen_q, p.seqlen_k, true);
+        if (e >= 0) want.push_back(e);
+      }
+      const size_t c = static_cast<size_t>(row) * k_tiles + nt;
+      const std::vector<int32_t> have(got.query_entries.begin() + got.query_start[c],
+                                      got.query_entries.begin() + got.query_start[c + 1]);
+      EXPECT_EQ(have, want) << "query tiles of list row " << row << ", key tile " << nt;
+    }
+  }
+}
+
+// Random lists (shuffled, junk past each count) of every density and block
+// shape of the suites, on the forward's and the backward's tile shapes.
+TEST(BlockTiles, MatchPairByPairVisibility) {
+  const std::vector<std::pair<int, int>> tiles = {{128, 64}, {64, 128}, {64, 64}, {128, 128}};
+  const std::vector<std::pair<int, int>> blocks = {{128, 128}, {16, 48}, {7, 13}, {1, 3}, {64, 64}, {32, 16}};
+  uint64_t seed = 7000;
+  for (auto [sq, sk] : std::vector<std::pair<int, int>>{{113, 203}, {203, 113}, {1, 1}, {7, 7}, {256, 128}}) {
+    for (auto [bq, bk] : blocks) {
+      for (double density : {0.0, 0.1, 0.5, 1.0}) {
+        Case c = make_case(FA_BF16, sq, sk, 64, seed++);
+        c.heads_q = 2;
+        c.heads_kv = 1;
+        c.batch = 2;
+        c.block_q = bq;
+        c.block_k = bk;
+        c.block_density = density;
+        const Problem p = make_problem(c);
+        for (auto [tm, tn] : tiles) {
+          SCOPED_TRACE(c.name() + " tiles " + std::to_string(tm) + "x" + std::to_string(tn));
+          expect_lists(p, tm, tn);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::testing
