@@ -6,6 +6,7 @@
 // pairs. Host code only: runs without a GPU (in any CUDA build).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +53,24 @@ int32_t expected_entry(const BlockMaskView& m, const std::vector<bool>& listed, 
   return (transposed ? qt : nt) | (all ? kFullTile : 0);
 }
 
+// One direction of the lists: per (list row, outer tile) the entries of the
+// inner tiles whose expected(row, outer, inner) is not -1, ascending.
+void expect_direction(const std::vector<int32_t>& start, const std::vector<int32_t>& entries, int rows, int outer,
+                      int inner, const char* what, const std::function<int32_t(int, int, int)>& expected) {
+  ASSERT_EQ(start.size(), static_cast<size_t>(rows) * outer + 1) << what;
+  for (int row = 0; row < rows; ++row) {
+    for (int o = 0; o < outer; ++o) {
+      std::vector<int32_t> want;
+      for (int i = 0; i < inner; ++i) {
+        if (const int32_t e = expected(row, o, i); e >= 0) want.push_back(e);
+      }
+      const size_t r = static_cast<size_t>(row) * outer + o;
+      const std::vector<int32_t> have(entries.begin() + start[r], entries.begin() + start[r + 1]);
+      EXPECT_EQ(have, want) << what << " " << o << ", list row " << row;
+    }
+  }
+}
+
 void expect_lists(const Problem& problem, int tile_m, int tile_n) {
   AttentionParams p = problem.host_params();
   p.block_mask = BlockMaskView{};
@@ -63,32 +82,14 @@ void expect_lists(const Problem& problem, int tile_m, int tile_n) {
   const std::vector<bool> listed = listed_pairs(m);
   const int q_tiles = (p.seqlen_q + tile_m - 1) / tile_m, k_tiles = (p.seqlen_k + tile_n - 1) / tile_n;
   const int rows = m.batch * m.heads;
-  ASSERT_EQ(got.key_start.size(), static_cast<size_t>(rows * q_tiles + 1));
-  ASSERT_EQ(got.query_start.size(), static_cast<size_t>(rows * k_tiles + 1));
-  for (int row = 0; row < rows; ++row) {
-    for (int qt = 0; qt < q_tiles; ++qt) {
-      std::vector<int32_t> want;
-      for (int nt = 0; nt < k_tiles; ++nt) {
-        const int32_t e = expected_entry(m, listed, row, qt, nt, tile_m, tile_n, p.seqlen_q, p.seqlen_k, false);
-        if (e >= 0) want.push_back(e);
-      }
-      const size_t r = static_cast<size_t>(row) * q_tiles + qt;
-      const std::vector<int32_t> have(got.key_entries.begin() + got.key_start[r],
-                                      got.key_entries.begin() + got.key_start[r + 1]);
-      EXPECT_EQ(have, want) << "key tiles of list row " << row << ", query tile " << qt;
-    }
-    for (int nt = 0; nt < k_tiles; ++nt) {
-      std::vector<int32_t> want;
-      for (int qt = 0; qt < q_tiles; ++qt) {
-        const int32_t e = expected_entry(m, listed, row, qt, nt, tile_m, tile_n, p.seqlen_q, p.seqlen_k, true);
-        if (e >= 0) want.push_back(e);
-      }
-      const size_t c = static_cast<size_t>(row) * k_tiles + nt;
-      const std::vector<int32_t> have(got.query_entries.begin() + got.query_start[c],
-                                      got.query_entries.begin() + got.query_start[c + 1]);
-      EXPECT_EQ(have, want) << "query tiles of list row " << row << ", key tile " << nt;
-    }
-  }
+  expect_direction(got.key_start, got.key_entries, rows, q_tiles, k_tiles, "key tiles of query tile",
+                   [&](int row, int qt, int nt) {
+                     return expected_entry(m, listed, row, qt, nt, tile_m, tile_n, p.seqlen_q, p.seqlen_k, false);
+                   });
+  expect_direction(got.query_start, got.query_entries, rows, k_tiles, q_tiles, "query tiles of key tile",
+                   [&](int row, int nt, int qt) {
+                     return expected_entry(m, listed, row, qt, nt, tile_m, tile_n, p.seqlen_q, p.seqlen_k, true);
+                   });
 }
 
 // Random lists (shuffled, junk past each count) of every density and block
