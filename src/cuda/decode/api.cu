@@ -107,10 +107,16 @@ fa_status launch(void (*kernel)(KvCacheParams, decode::Work), dim3 grid, int sme
   return launch_error(what);
 }
 
-// The decode kernel (overlapping the append kernel when one ran), then the
-// combine when the keys are split (overlapping the decode kernel's tail).
+// The decode kernel, then the combine when the keys are split, each launched
+// to overlap the tail of the kernel before it.
+//
+// NOTES: the decode kernel waits for the kernel before it (griddepcontrol.wait)
+// before it reads anything, so whatever that kernel is (the append, a previous
+// call's combine, the caller's work writing q or cache_seqlens), its writes are
+// visible. What the overlap saves is the launch: the grid is resident when the
+// kernel before it finishes, if that kernel allows dependents early (ours do).
 template <typename T, int HeadDim, template <int> class Source>
-fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, bool after_append, cudaStream_t stream) {
+fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   using Tr = decode::Traits<HeadDim>;
   auto kernel = decode::decode_kernel<T, HeadDim, Source>;
   int optin = 0;
@@ -126,7 +132,7 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, bool aft
     return launch_error("decode kernel shared memory");
   }
   const dim3 grid(w.splits * w.query_tiles, kp.attn.heads_kv, kp.attn.batch);
-  FA_RETURN_IF_ERROR(launch(kernel, grid, Tr::kSmemBytes, after_append, kp, w, stream, "decode kernel"));
+  FA_RETURN_IF_ERROR(launch(kernel, grid, Tr::kSmemBytes, true, kp, w, stream, "decode kernel"));
   if (w.splits == 1) return FA_OK;
   const int64_t rows = int64_t{kp.attn.batch} * kp.attn.heads_q * kp.attn.seqlen_q;
   return launch(decode::combine_kernel<T, HeadDim>, dim3(static_cast<unsigned>(rows)), 0, true, kp, w, stream,
@@ -134,26 +140,25 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, bool aft
 }
 
 template <typename T, int HeadDim>
-fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, bool after_append, cudaStream_t stream) {
-  return kp.is_paged() ? launch_decode<T, HeadDim, decode::PagedKv>(kp, w, after_append, stream)
-                       : launch_decode<T, HeadDim, decode::ContiguousKv>(kp, w, after_append, stream);
+fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
+  return kp.is_paged() ? launch_decode<T, HeadDim, decode::PagedKv>(kp, w, stream)
+                       : launch_decode<T, HeadDim, decode::ContiguousKv>(kp, w, stream);
 }
 
 template <typename T>
 fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   const AttentionParams& a = kp.attn;
   // NOTES: with no new tokens and no rotary there is nothing to append: one launch fewer.
-  const bool append = kp.seqlen_new > 0 || w.q_rotated != nullptr;
-  if (append) {
+  if (kp.seqlen_new > 0 || w.q_rotated != nullptr) {
     const dim3 grid(std::max(kp.seqlen_new, w.q_rotated != nullptr ? a.seqlen_q : 0), a.batch);
     decode::append_kernel<T><<<grid, decode::kThreads, 0, stream>>>(kp, w);
     FA_RETURN_IF_ERROR(launch_error("append kernel"));
   }
   if (a.seqlen_q == 0) return FA_OK;  // nothing to attend; the append above still happens
   switch (head_dim_bucket(a.head_dim)) {
-    case 64: return launch_for_cache<T, 64>(kp, w, append, stream);
-    case 128: return launch_for_cache<T, 128>(kp, w, append, stream);
-    default: return launch_for_cache<T, 256>(kp, w, append, stream);
+    case 64: return launch_for_cache<T, 64>(kp, w, stream);
+    case 128: return launch_for_cache<T, 128>(kp, w, stream);
+    default: return launch_for_cache<T, 256>(kp, w, stream);
   }
 }
 

@@ -7,7 +7,8 @@
 // columns with the splits dealt over thread groups, every load independent of
 // the others. A split whose lse is NaN (indices out of range) makes the row NaN.
 // Launched right behind the decode kernel (programmatic dependent launch), it
-// waits for that grid before reading the partials.
+// waits for that grid before reading the partials, and lets whatever follows
+// launch as early in turn.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KvCacheParams p
   __shared__ float lse_s;
   __shared__ float4 sum_s[kGroups][kLanes];
   wait_for_prior_grid();
+  allow_dependent_launch();  // the next call's decode kernel may launch and wait
   const AttentionParams& a = p.attn;
   const int64_t row = blockIdx.x;  // (b, h, i)
   const int i = static_cast<int>(row % a.seqlen_q);

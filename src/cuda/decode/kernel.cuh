@@ -100,11 +100,18 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-    const T* row = k_s + (slice_key + nt * 8 + g) * Tr::kRowElems + 2 * tq;
+  }
+  // K rows are B = K^T in column-major order: ldmatrix.x4 (not transposed),
+  // lanes 8m..8m+7 addressing keys (m / 2) * 8 + 0..7 at columns (m % 2) * 8 of
+  // the k-step, gives b0, b1 of key n-tile 0 then of n-tile 1: one shared
+  // load per k-step instead of four.
+  const T* base = k_s + (slice_key + (lane / 16) * 8 + lane % 8) * Tr::kRowElems + ((lane / 8) % 2) * 8;
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      mma_m16n8k16<T>(s[nt], ws.q[ks], lds32(row + ks * 16), lds32(row + ks * 16 + 8));
-    }
+  for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, smem_addr(base + ks * 16));
+    mma_m16n8k16<T>(s[0], ws.q[ks], b[0], b[1]);
+    mma_m16n8k16<T>(s[1], ws.q[ks], b[2], b[3]);
   }
   const AttentionParams& a = p.attn;
 #pragma unroll
@@ -272,7 +279,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   extern __shared__ __align__(16) uint8_t smem[];
   T* ring = reinterpret_cast<T*>(smem);
   T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
-  allow_dependent_launch();  // the combine kernel may take free slots and wait
+  // Launched early behind the kernel before it (api.cu), this CTA reads
+  // nothing until that kernel's writes (q, lengths, pages, cache rows) are
+  // visible; then the combine kernel may take free slots and wait in turn.
+  wait_for_prior_grid();
+  allow_dependent_launch();
 
   const TileWork t = tile_work(p, w, Tr::kBlockK);
   Src src(p, w, t);
@@ -281,7 +292,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   constexpr int kStageElems = Tr::kStageBytes / 2;
   typename Src::Rows rows;
   if (tiles > 0) src.fetch(t.tile_begin, rows);
-  wait_for_prior_grid();  // the append kernel's q and cache rows are written
   load_queries<T, HeadDim>(p, w, t, q_s);
   cp_async_commit();
   for (int s = 0; s < Tr::kStages - 1; ++s) {
@@ -323,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
 // block per (token row, sequence). Sequences with indices out of range write nothing.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) append_kernel(const KvCacheParams p, const Work w) {
-  allow_dependent_launch();  // the decode kernel may start its index work meanwhile
+  allow_dependent_launch();  // the decode kernel may launch and wait for this one
   const AttentionParams& a = p.attn;
   const int i = blockIdx.x, b = blockIdx.y, d = a.head_dim;
   // Only the pages this block writes or reads (new tokens; rotated q reads none).

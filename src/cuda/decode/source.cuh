@@ -47,7 +47,7 @@ struct ContiguousKv {
   }
   // Checked once, before anything is read.
   __device__ bool indices_ok() const { return ok; }
-  __device__ void fetch(int, Rows&) {}
+  __device__ void fetch(int, Rows&) const {}
   // Key j (row n of the tile): false when it is not to be read.
   __device__ bool offsets(const Rows&, int j, int, int64_t& k, int64_t& v) const {
     k = k0 + j * k_row;
@@ -58,13 +58,17 @@ struct ContiguousKv {
 };
 
 // A paged cache: key j of sequence b is slot j % block_size of page
-// block_table[b][j / block_size]. Page indices are checked as they are read: a
-// page outside the pool is never read and poisons the CTA's rows.
+// block_table[b][j / block_size]. Page indices are checked where they are used:
+// a page outside the pool is never read and poisons the CTA's rows.
+//
+// NOTES: the check sits in offsets(), a tile after fetch() loaded the entry, so
+// no warp waits on the table's latency (an L2 round trip under full HBM
+// traffic) in the tile it fetches for.
 template <int HeadDim>
 struct PagedKv {
   using Tr = Traits<HeadDim>;
   struct Rows {
-    int page[Tr::kRowsPerThread];  // -1: past the keys or outside the pool
+    int page[Tr::kRowsPerThread];  // as the block table says, or -1 past the keys
   };
   const int32_t* table;  // sequence b's row of the block table
   ChunkBase base;
@@ -72,7 +76,7 @@ struct PagedKv {
   int64_t pages;         // pool size
   int block_size, shift, keys, key0;
   bool whole_tiles;      // block_size % kBlockK == 0: a tile lies in one page
-  bool bad = false;
+  mutable bool bad = false;
 
   __device__ PagedKv(const KvCacheParams& p, const Work& w, const TileWork& t)
       : table(p.block_table + t.b * p.block_table_stride),
@@ -91,28 +95,24 @@ struct PagedKv {
   __device__ bool indices_ok() const { return true; }
   __device__ int page_of(int j) const { return shift >= 0 ? j >> shift : j / block_size; }
   __device__ int slot_of(int j) const { return shift >= 0 ? j & (block_size - 1) : j % block_size; }
-  // The page of key j, or -1 (and the CTA poisoned) when it is outside the pool.
-  __device__ int checked_page(int j) {
-    const int page = table[page_of(j)];
-    const bool in_pool = page >= 0 && page < pages;
-    bad |= !in_pool;
-    return in_pool ? page : -1;
-  }
-  __device__ void fetch(int tile, Rows& rows) {
+  __device__ void fetch(int tile, Rows& rows) const {
     const int first = tile * Tr::kBlockK;
-    const int whole = whole_tiles && first < keys ? checked_page(first) : -1;
+    const int whole = whole_tiles && first < keys ? table[page_of(first)] : -1;
 #pragma unroll
     for (int n = 0; n < Tr::kRowsPerThread; ++n) {
       const int j = first + key0 + n * Tr::kRowsPerPass;
-      rows.page[n] = j >= keys ? -1 : (whole_tiles ? whole : checked_page(j));
+      rows.page[n] = j >= keys ? -1 : (whole_tiles ? whole : table[page_of(j)]);
     }
   }
+  // Called for keys j < keys only: a page of -1 there came from the table.
   __device__ bool offsets(const Rows& rows, int j, int n, int64_t& k, int64_t& v) const {
     const int page = rows.page[n];
+    const bool in_pool = page >= 0 && page < pages;
+    bad |= !in_pool;
     const int slot = slot_of(j);
     k = page * k_page + slot * k_row + base.k;
     v = page * v_page + slot * v_row + base.v;
-    return page >= 0;
+    return in_pool;
   }
   __device__ bool saw_bad_index() const { return bad; }
 };

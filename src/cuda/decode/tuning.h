@@ -23,8 +23,10 @@ constexpr int kMaxStages = 4;
 constexpr int kCtasPerSm = 2;
 // A split reads at least this many key tiles: fewer makes the combine's extra
 // traffic (one partial O per split) and the split's start (Q load, pipeline
-// fill) a visible fraction of the K/V read.
-constexpr int kMinTilesPerSplit = 4;
+// fill) a visible fraction of the K/V read. Measured on the H100 with the
+// parallel combine (docs/performance.md 3.6): at batch 1 x 4k keys 32 splits of
+// 2 tiles read 1171 GB/s against 1082 for 16 of 4.
+constexpr int kMinTilesPerSplit = 2;
 // The split count takes the fewest splits whose wave efficiency is within this
 // factor of the best count's (more splits only add partials to combine).
 constexpr double kWaveSlack = 0.95;
