@@ -5,7 +5,7 @@
 // exponentials run once per split; the weights e^{lse_s - m} / l
 // (merge_weight) then scale each split's O, which the CTA reads as float4
 // columns with the splits dealt over thread groups, every load independent of
-// the others. A split whose lse is NaN (indices out of range) makes the row NaN.
+// the others and the first ones issued before the weights are known. A split whose lse is NaN (indices out of range) makes the row NaN.
 // Launched right behind the decode kernel (programmatic dependent launch), it
 // waits for that grid before reading the partials, and lets whatever follows
 // launch as early in turn.
@@ -64,35 +64,43 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KvCacheParams p
   const int h = static_cast<int>(row / a.seqlen_q % a.heads_q);
   const int b = static_cast<int>(row / a.seqlen_q / a.heads_q);
   const int64_t split_rows = int64_t{a.batch} * a.heads_q * a.seqlen_q;
+  // The first kCombinePrefetch splits of each thread are loaded before the
+  // weights exist, so their latency overlaps warp 0's round trip for the lse.
+  const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes, c = lane * 4;
+  const bool column_ok = c < a.head_dim;
+  const float* o = w.partial_o + row * a.head_dim + c;
+  auto split_o = [&](int s) { return *reinterpret_cast<const float4*>(o + s * split_rows * a.head_dim); };
+  float4 early[kCombinePrefetch];
+#pragma unroll
+  for (int k = 0; k < kCombinePrefetch; ++k) {
+    const int s = group + k * kGroups;
+    early[k] = column_ok && s < w.splits ? split_o(s) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   if (threadIdx.x < 32) {
     const RowState st = merge_split_states(w, row, split_rows, weight_s);
     if (threadIdx.x == 0) lse_s = st.lse();
   }
   __syncthreads();
-  const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes, c = lane * 4;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (c < a.head_dim) {
-    const float* o = w.partial_o + row * a.head_dim + c;
+  auto accumulate = [&](float wt, float4 x) {
+    acc.x += wt * x.x;
+    acc.y += wt * x.y;
+    acc.z += wt * x.z;
+    acc.w += wt * x.w;
+  };
+#pragma unroll
+  for (int k = 0; k < kCombinePrefetch; ++k) {
+    const int s = group + k * kGroups;
+    if (s < w.splits) accumulate(weight_s[s], early[k]);
+  }
+  if (column_ok) {
 #pragma unroll 4
-    for (int s = group; s < w.splits; s += kGroups) {
-      const float4 x = *reinterpret_cast<const float4*>(o + s * split_rows * a.head_dim);
-      const float wt = weight_s[s];
-      acc.x += wt * x.x;
-      acc.y += wt * x.y;
-      acc.z += wt * x.z;
-      acc.w += wt * x.w;
-    }
+    for (int s = group + kCombinePrefetch * kGroups; s < w.splits; s += kGroups) accumulate(weight_s[s], split_o(s));
   }
   sum_s[group][lane] = acc;
   __syncthreads();
-  if (group == 0 && c < a.head_dim) {
-    for (int gr = 1; gr < kGroups; ++gr) {
-      const float4 x = sum_s[gr][lane];
-      acc.x += x.x;
-      acc.y += x.y;
-      acc.z += x.z;
-      acc.w += x.w;
-    }
+  if (group == 0 && column_ok) {
+    for (int gr = 1; gr < kGroups; ++gr) accumulate(1.0f, sum_s[gr][lane]);
     T* out = static_cast<T*>(a.out) + b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride + c;
     out[0] = from_float<T>(acc.x);
     out[1] = from_float<T>(acc.y);

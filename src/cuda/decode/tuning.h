@@ -32,6 +32,10 @@ constexpr int kMinTilesPerSplit = 2;
 constexpr double kWaveSlack = 0.95;
 // Upper bound on splits (workspace and combine loop length).
 constexpr int kMaxSplits = 64;
+// Splits whose partial O a combine thread loads before the merge weights are
+// known (float4 registers): all of them for 32 splits at head dim 128 (four
+// thread groups), so the O loads overlap the lse round trip.
+constexpr int kCombinePrefetch = 8;
 
 // Keys per K/V tile: 64 rows of up to 128 columns, 32 rows at head dim 256, so
 // one stage of K and V stays near 34 KiB (a multiple of the 16-key mma slice).
