@@ -33,6 +33,16 @@
 
 namespace flashattn::cuda::decode {
 
+// 16 bytes of a K/V row, global -> shared, L1 bypassed; the L2 fetches the
+// 128-byte span around it on a miss (the row's other chunks come with it).
+// NOTES: measured on the H100 (docs/performance.md 3.6): +2-2.5% on the
+// contiguous cache at batch 16-128 and batch 1 x 64k-256k, paged caches level;
+// a 256-byte span measured the same.
+__device__ __forceinline__ void cp_async_row_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
 // Issues the cp.async copies of key tile `tile` (K and V rows) into a ring
 // stage; rows past the sequence, rows the source refuses and columns past the
 // head dim are zero-filled.
@@ -51,8 +61,8 @@ __device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork
     int64_t k_off = 0, v_off = 0;
     const bool valid = column_ok && j < t.keys && src.offsets(rows, j, n, k_off, v_off);
     T* dst = stage + key * Tr::kRowElems + chunk * 8;
-    cp_async_16(smem_addr(dst), k + (valid ? k_off : 0), valid);
-    cp_async_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid);
+    cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid);
+    cp_async_row_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid);
   }
 }
 
