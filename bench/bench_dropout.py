@@ -82,7 +82,7 @@ def main():
                 for r in range(args.rounds):
                     for c in round_order(list(CONFIGS), r):
                         times[c].append(time_ms(runner(c, q, k, v, dout, causal, args.p, backward)))
-                med = {c: statistics.median(t) for c in CONFIGS}
+                med = {c: statistics.median(times[c]) for c in CONFIGS}
                 print(f"| {s} | {mask} | {'fwd+bwd' if backward else 'fwd'} | "
                       + " | ".join(f"{med[c]:.3f}" for c in CONFIGS)
                       + f" | {med['sm80+drop'] / med['sm80']:.3f} | {med['hopper+drop'] / med['hopper']:.3f} |",
