@@ -138,7 +138,7 @@ fa_status check_forward(const AttentionParams& p) {
   return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
 }
 
-// Grid dimensions y and z of the decode kernels (KV heads, sequences).
+// Grid dimensions y and z of the decode and backward kernels (KV heads, sequences).
 constexpr int64_t kMaxGridYZ = 65535;
 
 fa_status check_kvcache(const KvCacheParams& kp) {
@@ -180,6 +180,12 @@ fa_status stream_is_capturing(void* stream, int device_index, bool* capturing) {
 fa_status check_backward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
   FA_RETURN_IF_ERROR(check_extras(p));
+  // The backward kernels' grids are (key tile, KV head, sequence).
+  if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
+    return fail(FA_ERROR_UNSUPPORTED, "the CUDA backward takes at most 65535 sequences and 65535 KV heads "
+                                      "per call (batch " + std::to_string(p.batch) + ", heads_kv " +
+                                          std::to_string(p.heads_kv) + "); split the batch");
+  }
   FA_RETURN_IF_ERROR(check_row_strides(
       {p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
        p.do_head_stride, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride,
