@@ -64,14 +64,12 @@ struct DropoutTile {
   }
 };
 
-// The kernels' dropout policy (a template argument of the forward and the
-// backward kernel, so each kernel without dropout compiles to the same code as
-// before dropout existed). The forward's tile()
-// gives the factors of a warp's S tile: bh = b * heads_q + h, row_g = the
-// sequence row of the lane's row g in its first m16 tile, key0 = the warp's
-// first key. NOTES: no state; the coordinates are rebuilt per tile from
-// values the kernel holds anyway (two more registers held across the K/V
-// loop spilled at d 128).
+// The kernels' dropout policy: a template argument of the forward and the
+// backward kernel, so each kernel without dropout compiles to the same code
+// as before dropout existed. The forward's tile() gives the factors of a
+// warp's S tile: bh = b * heads_q + h, row_g = the sequence row of the lane's
+// row g in its first m16 tile, key0 = the warp's first key (no state: the
+// kernel passes values it holds anyway).
 struct NoDropout {
   static constexpr bool kOn = false;
   template <class K>

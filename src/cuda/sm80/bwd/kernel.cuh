@@ -5,6 +5,7 @@
 // query_begin/query_end) for every query head of its group. Per query tile:
 //   S  = Q K^T            (registers)      dP = dO V^T   (registers)
 //   P  = exp(S - lse)     dS = P * (dP - D) * softcap'(S)
+//   (dropout: P z into the P tile, dS = P (z dP - D) * softcap'(S))
 //   P, dS -> shared memory (16-bit)
 //   dV += P^T dO          dK += dS^T Q     (registers, all iterations)
 //   dQ_part = dS K        -> added into the f32 dQ accumulator in the workspace
@@ -506,7 +507,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                      adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
                                                      aV + 2u * n0 * RS, RS, lane);
       // Masking, softcap and ALiBi are runtime options; the per-element code
-      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only.
+      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only;
+      // dropout is the kernel's Drop policy (kDropout, softcap and ALiBi at run time).
       const ScoreArgs sa{p.softcap, inv_cap, scale_log2, alibi_log2(h), aLse, aD, aP, adS, sdp_m0, n0,
                          g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask, p.dropout};
       if constexpr (Drop::kOn) scores_to_p_ds<ScoreMode::kDropout, PS, T>(acc_s, acc_dp, sa, full, keep);
