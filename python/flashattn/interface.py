@@ -15,7 +15,7 @@ scores -= slope * |i + seqlen_k - seqlen_q - j|). Attention sinks (gpt-oss): the
 keyword sinks= (one logit per query head, joining each row's softmax
 denominator, no value); with torch, a tensor autograd differentiates.
 
-Dropout (dropout_p > 0, torch tensors, CPU backend for now): the Philox seed
+Dropout (dropout_p > 0, torch tensors, CPU and CUDA): the Philox seed
 and offset are drawn from torch's default CPU generator, so torch.manual_seed
 makes a step reproducible; the backward reuses them. With return_attn_probs=True
 S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),

@@ -5,6 +5,7 @@
 // query_begin/query_end) for every query head of its group. Per query tile:
 //   S  = Q K^T            (registers)      dP = dO V^T   (registers)
 //   P  = exp(S - lse)     dS = P * (dP - D) * softcap'(S)
+//   (dropout: P z into the P tile, dS = P (z dP - D) * softcap'(S))
 //   P, dS -> shared memory (16-bit)
 //   dV += P^T dO          dK += dS^T Q     (registers, all iterations)
 //   dQ_part = dS K        -> added into the f32 dQ accumulator in the workspace
@@ -59,6 +60,7 @@
 #include "cuda/common/mma.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
+#include "cuda/sm80/dropout.cuh"
 
 namespace flashattn::cuda::bwd {
 
@@ -248,22 +250,27 @@ struct ScoreArgs {
   int m0, n0, g, t;  // warp tile origin, lane coordinates
   int q0, k0, seqlen_q, seqlen_k;
   MaskPolicy mask;
+  Dropout drop;  // attention/dropout.h (kDropout only)
 };
 
-// Which score modifiers the per-element code applies: none, softcap, or any
-// (softcap when a.softcap > 0, and ALiBi): the first two keep their own
-// bodies, so runs without ALiBi execute the same instructions as before it.
-enum class ScoreMode { kPlain, kSoftcap, kAny };
+// Which score modifiers the per-element code applies: none, softcap, any
+// (softcap when a.softcap > 0, and ALiBi), or any with dropout: the first two
+// keep their own bodies, so runs without ALiBi or dropout execute the same
+// instructions as before them.
+enum class ScoreMode { kPlain, kSoftcap, kAny, kDropout };
 
 // P = exp(S - lse), dS = P * (dP - D) * softcap'(S) from the S and dP
 // accumulators of one warp, stored as 16-bit into the shared P and dS tiles.
 // ALiBi adds its bias to the logit (its derivative is 1: dS is unchanged).
+// Dropout (z = keep / (1 - p)): the P tile holds P z (dV += (P z)^T dO) and
+// dS = P (z dP - D) (attention/dropout.h).
 // full: every (row, key) of the tile is visible; else each row's visible keys
-// [lo, hi) come from the MaskPolicy.
+// [lo, hi) come from the MaskPolicy. keep: the dropout keep bits of rows g,
+// g + 8 of each m16 tile (dropout.cuh; read by kDropout only).
 template <ScoreMode kMode, int PS, typename T, int MT, int NT>
 __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
                                                const float (&acc_dp)[MT][NT][4],
-                                               const ScoreArgs& a, bool full) {
+                                               const ScoreArgs& a, bool full, const uint32_t (&keep)[MT][2]) {
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
@@ -300,7 +307,7 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
             const float th = tanhf(x * a.inv_cap);
             pr = x == -INFINITY ? 0.0f : fast_exp2(a.softcap * th * kLog2e - lse_log2);
             dcap = 1.0f - th * th;
-          } else if constexpr (kMode == ScoreMode::kAny) {
+          } else if constexpr (kMode == ScoreMode::kAny || kMode == ScoreMode::kDropout) {
             // logit * log2 e = softcap(scale x) log2 e + bias log2 e
             float logit2 = x * a.scale_log2;
             if (a.softcap > 0.0f) {
@@ -313,8 +320,14 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
           } else {
             pr = fast_exp2(x * a.scale_log2 - lse_log2);  // exp2(-inf) = 0 where masked
           }
+          float dp = acc_dp[mi][ni][half * 2 + e];
           pv[e] = pr;
-          dsv[e] = pr * (acc_dp[mi][ni][half * 2 + e] - row_d) * dcap;
+          if constexpr (kMode == ScoreMode::kDropout) {
+            const float z = sm80::dropout_factor(keep[mi][half], 2 * ni + e, a.drop.scale);
+            pv[e] = pr * z;
+            dp *= z;
+          }
+          dsv[e] = pr * (dp - row_d) * dcap;
         }
         st_shared_b32(a.p + 2u * (r * PS + c), MmaType<T>::pack(pv[0], pv[1]));
         st_shared_b32(a.ds + 2u * (r * PS + c), MmaType<T>::pack(dsv[0], dsv[1]));
@@ -337,7 +350,8 @@ struct SharedLayout {
   static constexpr int bytes(int stages) { return kFixedBytes + stages * kStageBytes; }
 };
 
-template <int D, typename T>
+// Drop: sm80::NoDropout or sm80::PhiloxDropout (dropout.cuh), chosen at launch.
+template <int D, typename T, class Drop>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_main_kernel(const AttentionParams p, const Workspace ws, int stages) {
   using C = Config<D>;
@@ -478,18 +492,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int split = 0; split < C::kSdpSplits; ++split) {
       const int n0 = sdp_n0 + split * kSdpCols;
       float acc_s[kSdpMT][kSdpNT][4], acc_dp[kSdpMT][kSdpNT][4];
+      // Dropout keep bits of the slice (dropout.cuh), before S and dP are live
+      // (after them, and with the Philox calls rolled, d 256 spilled).
+      uint32_t keep[kSdpMT][2];
+      if constexpr (Drop::kOn) {
+#pragma unroll
+        for (int mi = 0; mi < kSdpMT; ++mi)
+          sm80::dropout_keep_bits<kSdpNT>(p.dropout, b * p.heads_q + h, q0 + sdp_m0 + mi * 16 + g, k0 + n0, t,
+                                          keep[mi]);
+      }
       zero(acc_s);
       zero(acc_dp);
       warp_gemm2<kSdpMT, kSdpNT, D, false, false, T>(acc_s, acc_dp, aQ + 2u * sdp_m0 * RS,
                                                      adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
                                                      aV + 2u * n0 * RS, RS, lane);
       // Masking, softcap and ALiBi are runtime options; the per-element code
-      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only.
+      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only;
+      // dropout is the kernel's Drop policy (kDropout, softcap and ALiBi at run time).
       const ScoreArgs sa{p.softcap, inv_cap, scale_log2, alibi_log2(h), aLse, aD, aP, adS, sdp_m0, n0,
-                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask};
-      if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full);
-      else if (softcap) scores_to_p_ds<ScoreMode::kSoftcap, PS, T>(acc_s, acc_dp, sa, full);
-      else scores_to_p_ds<ScoreMode::kPlain, PS, T>(acc_s, acc_dp, sa, full);
+                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask, p.dropout};
+      if constexpr (Drop::kOn) scores_to_p_ds<ScoreMode::kDropout, PS, T>(acc_s, acc_dp, sa, full, keep);
+      else if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full, keep);
+      else if (softcap) scores_to_p_ds<ScoreMode::kSoftcap, PS, T>(acc_s, acc_dp, sa, full, keep);
+      else scores_to_p_ds<ScoreMode::kPlain, PS, T>(acc_s, acc_dp, sa, full, keep);
     }
     __syncthreads();
 
@@ -577,7 +602,9 @@ fa_status run_main(const AttentionParams& p, const Workspace& ws) {
                                           " bytes of shared memory; the device has " +
                                           std::to_string(optin));
   }
-  auto kernel = backward_main_kernel<D, T>;
+  // Dropout runs its own instantiation: the kernel without it is unchanged.
+  auto kernel = p.has_dropout() ? backward_main_kernel<D, T, sm80::PhiloxDropout>
+                                : backward_main_kernel<D, T, sm80::NoDropout>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) {
     return fail(FA_ERROR_DEVICE, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err));

@@ -15,15 +15,16 @@
 
 namespace flashattn::cuda::sm80 {
 
-// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg on p.stream.
-template <int kD, typename T, class Cfg>
+// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg and
+// dropout policy Drop (dropout.cuh) on p.stream.
+template <int kD, typename T, class Cfg, class Drop>
 fa_status launch_forward_with(const AttentionParams& p) {
   const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
   if (ctas == 0) return FA_OK;
   if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
   constexpr int kSmem = forward_smem_bytes<Cfg>(kD);
-  auto kernel = forward_kernel<kD, T, Cfg>;
+  auto kernel = forward_kernel<kD, T, Cfg, Drop>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -46,19 +47,27 @@ struct WithoutPairSplit : Cfg {
   static constexpr bool kPairSplit = false;
 };
 
-template <int kD, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  using Cfg = ForwardTuning<kD>;
+// Tile shape Cfg, or its plain layout where the pair split does not fit.
+template <int kD, typename T, class Cfg, class Drop>
+fa_status launch_forward_shape(const AttentionParams& p) {
   if constexpr (Cfg::kPairSplit) {
     // NOTES: the pair split's P exchange takes d 256 past the 99 KB of shared
     // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
     // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
     // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
     if (env_switch("FLASHATTN_FWD_NO_PAIR_SPLIT") || forward_smem_bytes<Cfg>(kD) > current_device_smem_optin()) {
-      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
+      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>, Drop>(p);
     }
   }
-  return launch_forward_with<kD, T, Cfg>(p);
+  return launch_forward_with<kD, T, Cfg, Drop>(p);
+}
+
+// Dropout runs its own instantiations (DropoutTuning's shapes): the kernel
+// without it is the same code as before dropout existed.
+template <int kD, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  if (p.has_dropout()) return launch_forward_shape<kD, T, DropoutTuning<kD>, PhiloxDropout>(p);
+  return launch_forward_shape<kD, T, ForwardTuning<kD>, NoDropout>(p);
 }
 
 }  // namespace flashattn::cuda::sm80
