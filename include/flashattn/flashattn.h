@@ -292,6 +292,16 @@ FA_API fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache,
                                     fa_tensor* lse, const fa_options* options, void* workspace,
                                     size_t workspace_bytes);
 
+/* fa_forward_kvcache with score extras (see fa_extras); extras may be NULL (= all off).
+ * alibi_slopes and sinks apply as in fa_forward_ex, with the bias and the causal diagonal
+ * of each sequence's keys (cache_seqlens[b] + seqlen_new). dropout_p, dsinks and block_mask
+ * are not taken here (a clear error). The CUDA decode kernels do not run ALiBi or sinks yet
+ * (FA_ERROR_UNSUPPORTED); the CPU backend does. */
+FA_API fa_status fa_forward_kvcache_ex(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
+                                       fa_tensor* lse, const fa_options* options,
+                                       const fa_extras* extras, void* workspace,
+                                       size_t workspace_bytes);
+
 /* Bytes of workspace fa_forward_kvcache needs for these arguments, on q's device (CUDA:
  * the rotated q and the split-KV partial states) or on the host (CPU backend). */
 FA_API fa_status fa_forward_kvcache_workspace_size(const fa_tensor* q, const fa_kvcache* cache,

@@ -264,6 +264,8 @@ _SIGNATURES = {
                                    ctypes.c_size_t]),
     "fa_forward_kvcache": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache), _P(FaTensor), _P(FaTensor),
                                           _P(FaOptions), ctypes.c_void_p, ctypes.c_size_t]),
+    "fa_forward_kvcache_ex": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache), _P(FaTensor), _P(FaTensor),
+                                             _P(FaOptions), _P(FaExtras), ctypes.c_void_p, ctypes.c_size_t]),
     "fa_forward_kvcache_workspace_size": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache),
                                                          _P(FaOptions), _P(ctypes.c_size_t)]),
     "fa_forward_ex": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
@@ -985,7 +987,8 @@ class _KvCall:
 
     def __init__(self, q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
                  rotary_cos, rotary_sin, rotary_interleaved, num_splits, trust_indices,
-                 softmax_scale, causal, window_size, softcap, backend, stream, num_threads):
+                 softmax_scale, causal, window_size, softcap, backend, stream, num_threads,
+                 alibi_slopes, sinks):
         self.keep = []
         self.qd = _describe(q, "q")
         self.stream = _resolve_stream(stream, self.qd)
@@ -1021,6 +1024,15 @@ class _KvCall:
         self.options = _options(softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap, deterministic=False,
                                 backend=backend, stream=self.stream, num_threads=num_threads)
+        self.extras = None  # ALiBi slopes and sinks (fa_forward_kvcache_ex), or None
+        if alibi_slopes is not None or sinks is not None:
+            e = FaExtras()
+            if alibi_slopes is not None:
+                e.alibi_slopes = ctypes.pointer(self.tensor(alibi_slopes, "alibi_slopes"))
+            if sinks is not None:
+                e.sinks = ctypes.pointer(self.tensor(sinks, "sinks"))
+            self.keep.append(e)
+            self.extras = e
 
     def tensor(self, x, name, *, output=False, desc=None):
         d = desc if desc is not None else _describe(x, name, self.stream)
@@ -1043,7 +1055,8 @@ class _KvCall:
 _KV_DEFAULTS = dict(k=None, v=None, cache_seqlens=None, block_table=None, cache_batch_idx=None,
                     rotary_cos=None, rotary_sin=None, rotary_interleaved=True, num_splits=0,
                     trust_indices=False, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, backend=None, stream=None, num_threads=0)
+                    softcap=0.0, backend=None, stream=None, num_threads=0, alibi_slopes=None,
+                    sinks=None)
 
 
 def forward_kvcache_workspace_size(q, k_cache, v_cache, **kwargs) -> int:
@@ -1057,7 +1070,9 @@ def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwa
     q (batch, seqlen_q, heads_q, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d),
     or (num_blocks, block_size, heads_kv, d) with block_table (batch, max_blocks) int32;
     cache_seqlens an int or int32 (batch,); k/v (batch, seqlen_new, heads_kv, d) or None;
-    rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2); cache_batch_idx int32 (batch,) or None.
+    rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2); cache_batch_idx int32 (batch,) or None;
+    alibi_slopes f32 (heads_q) or (batch, heads_q), sinks f32 (heads_q), or None (the CUDA
+    decode kernels refuse both for now; the CPU backend runs them).
     out like q; lse f32 (batch, heads_q, seqlen_q) or None. ``workspace``: None (the library
     allocates), a buffer of at least forward_kvcache_workspace_size() bytes on q's device, or a
     callable taking that byte count and returning one. Index arrays are checked on the host
@@ -1070,8 +1085,10 @@ def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwa
     o = c.tensor(out, "out", output=True)
     lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
     ws_ptr, ws_bytes = _workspace_buffer(workspace, c.workspace_size, c)
-    status = library().fa_forward_kvcache(ctypes.byref(c.q), ctypes.byref(c.cache),
-                                          ctypes.byref(o),
-                                          ctypes.byref(lse_t) if lse_t is not None else None,
-                                          ctypes.byref(c.options), ws_ptr, ws_bytes)
+    status = library().fa_forward_kvcache_ex(ctypes.byref(c.q), ctypes.byref(c.cache),
+                                             ctypes.byref(o),
+                                             ctypes.byref(lse_t) if lse_t is not None else None,
+                                             ctypes.byref(c.options),
+                                             ctypes.byref(c.extras) if c.extras is not None else None,
+                                             ws_ptr, ws_bytes)
     _check(status)

@@ -167,6 +167,17 @@ fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, A
   return apply_block_mask(extras->block_mask, p);
 }
 
+fa_status apply_kvcache_extras(const fa_extras* extras, const fa_tensor& q, AttentionParams* p) {
+  if (extras == nullptr) return FA_OK;
+  if (extras->dropout_p != 0.0f) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p must be 0 in a KV-cache call (inference has no dropout)");
+  }
+  if (extras->block_mask != nullptr) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "a KV-cache call takes no block_mask");
+  }
+  return apply_extras(extras, q, Pass::kForward, p);
+}
+
 fa_status dropout_mask(const fa_extras* extras, fa_tensor* mask) {
   if (extras == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "extras is a null pointer");
   FA_RETURN_IF_ERROR(check_dropout_p(extras->dropout_p));

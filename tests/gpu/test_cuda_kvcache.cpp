@@ -131,6 +131,24 @@ TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
   EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
 }
 
+// ALiBi and sinks in a KV-cache call run on the CPU backend only: the CUDA
+// decode kernels refuse them before anything is appended.
+TEST(CudaKvCacheErrors, AlibiAndSinksRefusedUntilTheDecodeKernelsRunThem) {
+  FA_REQUIRE_GPU();
+  for (KvCase c : kvcache_extras_suite(FA_BF16)) {
+    KvProblem p = make_kv_problem(c);
+    DeviceKv d(p);
+    DeviceTensor slopes = DeviceTensor::upload(p.slopes), sinks = DeviceTensor::upload(p.sinks);
+    const fa_kvcache desc = d.describe();
+    const fa_options o = d.options();
+    const fa_extras e = p.extras(&slopes.desc, &sinks.desc);
+    EXPECT_EQ(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &e, nullptr, 0),
+              FA_ERROR_UNSUPPORTED) << c.name();
+    EXPECT_NE(std::string(fa_last_error()).find("ALiBi or attention sinks"), std::string::npos) << fa_last_error();
+    EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
+  }
+}
+
 // Index arrays are read one int32 at a time: views into a larger array (a
 // slice of a torch tensor, say) need only int32 alignment.
 TEST(CudaKvCacheErrors, IndexArraysNeedOnlyIntAlignment) {
