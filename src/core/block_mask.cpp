@@ -92,17 +92,21 @@ fa_status check_row(const BlockList& l, const ListArgs& a, int b, int h, int qb,
                                                ", must be in [0, " + std::to_string(capacity) + "] (" +
                                                a.indices_name + "'s last dimension)");
   }
+  // NOTES: the entry's name is built only for an error: built for every
+  // entry, it cost ~180 ns each (12 ms per call for 16 heads x 64 x 64 blocks).
+  const auto where = [&](int n, int kb) {
+    return at(a.indices_name, b, h, qb) + "[" + std::to_string(n) + "] = " + std::to_string(kb);
+  };
   for (int n = 0; n < count; ++n) {
     const int kb = l.index(b, h, qb, n);
-    const std::string where = at(a.indices_name, b, h, qb) + "[" + std::to_string(n) + "] = " + std::to_string(kb);
     if (kb < 0 || kb >= k_blocks) {
       return fail(FA_ERROR_INVALID_ARGUMENT,
-                  where + " is not a key block: must be in [0, " + std::to_string(k_blocks) + ")");
+                  where(n, kb) + " is not a key block: must be in [0, " + std::to_string(k_blocks) + ")");
     }
     if (seen[kb] == stamp) {
       return fail(FA_ERROR_INVALID_ARGUMENT,
-                  where + " lists a key block already listed for this query block (each block once, "
-                          "in kv_indices or full_kv_indices)");
+                  where(n, kb) + " lists a key block already listed for this query block (each block once, "
+                                 "in kv_indices or full_kv_indices)");
     }
     seen[kb] = stamp;
   }
