@@ -158,7 +158,9 @@ typedef struct fa_block_mask {
 
 /* Score extras beyond fa_options, for fa_forward_ex / fa_backward_ex (the
  * plain entry points are these with every extra off). Each tensor is f32 on
- * q's device, or NULL for off.
+ * q's device, or NULL for off. Host values of alibi_slopes and sinks are checked
+ * (finite; sinks may be -inf); device values are not read on the host (that
+ * would synchronize the stream): a NaN or Inf there reaches the rows that use it.
  *   alibi_slopes: (heads_q) or (batch, heads_q); score -= slope * |i + seqlen_k - seqlen_q - j|
  *                 (per sequence for varlen), added after softcap (flash-attn 2.x).
  *   sinks:        (heads_q); a logit per query head that joins each row's softmax
