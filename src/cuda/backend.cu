@@ -143,11 +143,7 @@ constexpr int64_t kMaxGridYZ = 65535;
 
 fa_status check_kvcache(const KvCacheParams& kp) {
   const AttentionParams& p = kp.attn;
-  // The decode kernels have no dropout (nor has flash-attn's KV-cache call);
-  // the C ABI's KV-cache entry takes no extras, so this guards callers inside.
-  if (p.has_dropout()) {
-    return fail(FA_ERROR_UNSUPPORTED, "dropout (dropout_p > 0) is not supported by the KV-cache / decode kernels");
-  }
+  // Dropout never reaches here: apply_kvcache_extras refuses it for every backend.
   FA_RETURN_IF_ERROR(check_forward(p));
   if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
     return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels take at most 65535 sequences and "

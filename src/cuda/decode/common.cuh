@@ -1,6 +1,7 @@
 // What the split-KV decode kernels share: the call's scratch, the shapes of a
-// head-dim bucket, the CTA's share of the work, dtype conversions, the merge
-// weights of partial states and programmatic dependent launch.
+// head-dim bucket, the CTA's share of the work, the merge weights of partial
+// states and programmatic dependent launch (dtype conversions:
+// cuda/common/convert.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,22 +12,10 @@
 #include "attention/mask.h"
 #include "attention/state.h"
 #include "core/kvcache.h"
+#include "cuda/common/convert.h"
 #include "cuda/decode/tuning.h"
 
 namespace flashattn::cuda::decode {
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
 // Where a call's scratch lives (all on the device, carved from one workspace).
 struct Work {
