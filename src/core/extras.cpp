@@ -61,10 +61,10 @@ fa_status check_per_head(const fa_tensor* t, const char* name, const fa_tensor& 
 
 // Reads host values and rejects NaN, and values the formulas do not take:
 // slopes must be finite, sinks < +inf (-inf = off).
-// NOTES: device values are not read. A copy to the host would synchronize
-// the stream on every call (measured on the H100: ~0.4 ms per forward +
-// backward pair at 16k rows, more than the kernels' own cost of the extras)
-// and cannot run inside CUDA-graph capture; on the device a NaN or Inf value
+// NOTES: device values are not read. A copy to the host synchronizes the
+// stream on every call (about 0.3 ms of a forward + backward pair at 16k rows
+// on the H100, docs/variants.md "Cost") and cannot run inside CUDA-graph
+// capture; on the device a NaN or Inf value
 // reaches the rows that use it as NaN/Inf does from q (docs/semantics.md).
 fa_status check_values(const fa_tensor& t, const char* name, bool allow_minus_inf) {
   if (t.device == FA_DEVICE_CUDA) return FA_OK;
