@@ -28,7 +28,8 @@ CpuCall run_cpu(const KvProblem& p, int trust_indices = 0) {
   d.trust_indices = trust_indices;
   fa_options o = p.options;
   o.backend = FA_BACKEND_CPU;
-  r.status = fa_forward_kvcache(&p.q.desc, &d, &r.out.desc, &r.lse.desc, &o, nullptr, 0);
+  const fa_extras e = p.extras(&p.slopes.desc, &p.sinks.desc);
+  r.status = fa_forward_kvcache_ex(&p.q.desc, &d, &r.out.desc, &r.lse.desc, &o, &e, nullptr, 0);
   return r;
 }
 
@@ -46,6 +47,46 @@ INSTANTIATE_TEST_SUITE_P(Bf16, CpuKvCache, ::testing::ValuesIn(kvcache_suite(FA_
                          [](const auto& info) { return info.param.name(); });
 INSTANTIATE_TEST_SUITE_P(F32, CpuKvCache, ::testing::ValuesIn(kvcache_suite(FA_F32)),
                          [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(ExtrasBf16, CpuKvCache, ::testing::ValuesIn(kvcache_extras_suite(FA_BF16)),
+                         [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(ExtrasF32, CpuKvCache, ::testing::ValuesIn(kvcache_extras_suite(FA_F32)),
+                         [](const auto& info) { return info.param.name(); });
+
+// ALiBi and sinks change the answer (the suite above would pass a call that
+// ignored them only if the reference ignored them too).
+TEST(KvCacheExtras, AlibiAndSinksChangeTheAnswer) {
+  KvCase c{.heads_q = 4, .heads_kv = 1, .cached = {300, 17}, .alibi = true, .sinks = true};
+  const KvProblem with = make_kv_problem(c);
+  KvProblem without = with;
+  without.c.alibi = without.c.sinks = false;
+  const CpuCall a = run_cpu(with), b = run_cpu(without);
+  ASSERT_EQ(a.status, FA_OK) << fa_last_error();
+  ASSERT_EQ(b.status, FA_OK) << fa_last_error();
+  EXPECT_NE(a.out.bytes, b.out.bytes);
+  EXPECT_NE(a.lse.bytes, b.lse.bytes);
+}
+
+// Dropout, dsinks and block masks have no meaning in a KV-cache call.
+TEST(KvCacheExtras, DropoutDsinksAndBlockMasksRefused) {
+  KvCase c{.heads_q = 4, .heads_kv = 1, .cached = {30, 17}, .sinks = true};
+  const KvProblem p = make_kv_problem(c);
+  HostTensor out = p.poisoned_out();
+  fa_tensor kd = p.k_cache.desc, vd = p.v_cache.desc;
+  fa_kvcache d = p.describe(&kd, &vd, nullptr, nullptr, nullptr, nullptr, nullptr, p.cache_seqlens.data(), nullptr);
+  fa_options o = p.options;
+  o.backend = FA_BACKEND_CPU;
+  HostTensor dsinks = make_host_tensor(FA_F32, {c.heads_q});
+  fa_block_mask bm{};
+  for (int k = 0; k < 3; ++k) {
+    fa_extras e = p.extras(&p.slopes.desc, &p.sinks.desc);
+    const char* words = k == 0 ? "dropout_p" : k == 1 ? "dsinks" : "block_mask";
+    if (k == 0) e.dropout_p = 0.1f;
+    if (k == 1) e.dsinks = &dsinks.desc;
+    if (k == 2) e.block_mask = &bm;
+    EXPECT_EQ(fa_forward_kvcache_ex(&p.q.desc, &d, &out.desc, nullptr, &o, &e, nullptr, 0), FA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(fa_last_error()).find(words), std::string::npos) << fa_last_error();
+  }
+}
 
 KvCase small_paged() {
   return {.seqlen_q = 2, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {20, 5},

@@ -38,9 +38,9 @@ TEST(DecodeSplits, WaveEfficiencyCountsTheLastWave) {
 }
 
 TEST(DecodeSplits, PiecesKeepAMinimumLength) {
-  // 1000 keys = 16 tiles: at most 4 pieces of 4 tiles; 4096 keys: 16 pieces.
-  EXPECT_EQ(choose_splits(shape(1, 8, 1000)), 4);
-  EXPECT_EQ(choose_splits(shape(1, 8, 4096)), 16);
+  // 1000 keys = 16 tiles: at most 8 pieces of 2 tiles; 4096 keys: 32 pieces.
+  EXPECT_EQ(choose_splits(shape(1, 8, 1000)), 16 / kMinTilesPerSplit);
+  EXPECT_EQ(choose_splits(shape(1, 8, 4096)), 64 / kMinTilesPerSplit);
   EXPECT_EQ(choose_splits(shape(1, 8, 64)), 1);
   EXPECT_EQ(choose_splits(shape(1, 8, 0)), 1);
 }
@@ -49,6 +49,18 @@ TEST(DecodeSplits, ACallerCanForceTheCountWithinTheTiles) {
   EXPECT_EQ(choose_splits(shape(64, 8, 16384, 7)), 7);
   EXPECT_EQ(choose_splits(shape(1, 1, 100, 7)), 2);       // 2 tiles: 2 pieces at most
   EXPECT_EQ(choose_splits(shape(1, 1, 1 << 20, 1000)), kMaxSplits);
+}
+
+TEST(DecodeSplits, EverySplitGetsTiles) {
+  // 64 tiles: 31 splits would be 3 tiles each, 22 of them busy; the count is tight.
+  for (int batch : {1, 2, 3, 5}) {
+    for (int keys : {1000, 4096, 5000, 16384, 100000}) {
+      const int s = choose_splits(shape(batch, 8, keys));
+      EXPECT_TRUE(splits_are_tight(s, (keys + kKeys - 1) / kKeys)) << batch << " " << keys << " " << s;
+    }
+  }
+  EXPECT_TRUE(splits_are_tight(32, 64));
+  EXPECT_FALSE(splits_are_tight(31, 64));
 }
 
 TEST(DecodeSplits, MoreSmsNeverMeanFewerSplits) {

@@ -158,7 +158,9 @@ typedef struct fa_block_mask {
 
 /* Score extras beyond fa_options, for fa_forward_ex / fa_backward_ex (the
  * plain entry points are these with every extra off). Each tensor is f32 on
- * q's device, or NULL for off.
+ * q's device, or NULL for off. Host values of alibi_slopes and sinks are checked
+ * (finite; sinks may be -inf); device values are not read on the host (that
+ * would synchronize the stream): a NaN or Inf there reaches the rows that use it.
  *   alibi_slopes: (heads_q) or (batch, heads_q); score -= slope * |i + seqlen_k - seqlen_q - j|
  *                 (per sequence for varlen), added after softcap (flash-attn 2.x).
  *   sinks:        (heads_q); a logit per query head that joins each row's softmax
@@ -172,7 +174,8 @@ typedef struct fa_block_mask {
  *                 element's coordinates under (dropout_seed, dropout_offset): give
  *                 the backward the forward's values. fa_dropout_mask shows them.
  *   block_mask:   NULL, or the key blocks each query block visits (fa_block_mask);
- *                 give the backward the forward's mask. */
+ *                 give the backward the forward's mask. The CUDA backend runs a
+ *                 block mask or dropout, not both (FA_ERROR_UNSUPPORTED). */
 typedef struct fa_extras {
   const fa_tensor* alibi_slopes;
   const fa_tensor* sinks;
@@ -291,6 +294,16 @@ FA_API fa_kvcache fa_default_kvcache(void);
 FA_API fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
                                     fa_tensor* lse, const fa_options* options, void* workspace,
                                     size_t workspace_bytes);
+
+/* fa_forward_kvcache with score extras (see fa_extras); extras may be NULL (= all off).
+ * alibi_slopes and sinks apply as in fa_forward_ex, with the bias and the causal diagonal
+ * of each sequence's keys (cache_seqlens[b] + seqlen_new). dropout_p, dsinks and block_mask
+ * are not taken here (a clear error). The CUDA decode kernels do not run ALiBi or sinks yet
+ * (FA_ERROR_UNSUPPORTED); the CPU backend does. */
+FA_API fa_status fa_forward_kvcache_ex(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
+                                       fa_tensor* lse, const fa_options* options,
+                                       const fa_extras* extras, void* workspace,
+                                       size_t workspace_bytes);
 
 /* Bytes of workspace fa_forward_kvcache needs for these arguments, on q's device (CUDA:
  * the rotated q and the split-KV partial states) or on the host (CPU backend). */

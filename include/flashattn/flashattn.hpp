@@ -177,11 +177,13 @@ inline size_t kvcache_workspace_size(const fa_tensor& q, const fa_kvcache& cache
 
 // Attention against a KV cache (see fa_kvcache): appends cache.k_new/v_new in
 // place, then out = attention(q, cache); lse (f32) is written when given.
+// Options' ALiBi and sinks apply (fa_forward_kvcache_ex); dropout and block masks are refused.
 inline void forward_kvcache(const fa_tensor& q, const fa_kvcache& cache, fa_tensor& out,
                             fa_tensor* lse = nullptr, const Options& options = {},
                             void* workspace = nullptr, size_t workspace_bytes = 0) {
   const fa_options o = options.to_c();
-  check(fa_forward_kvcache(&q, &cache, &out, lse, &o, workspace, workspace_bytes));
+  const fa_extras e = options.extras_to_c();
+  check(fa_forward_kvcache_ex(&q, &cache, &out, lse, &o, &e, workspace, workspace_bytes));
 }
 
 }  // namespace flashattn

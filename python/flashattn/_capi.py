@@ -264,6 +264,8 @@ _SIGNATURES = {
                                    ctypes.c_size_t]),
     "fa_forward_kvcache": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache), _P(FaTensor), _P(FaTensor),
                                           _P(FaOptions), ctypes.c_void_p, ctypes.c_size_t]),
+    "fa_forward_kvcache_ex": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache), _P(FaTensor), _P(FaTensor),
+                                             _P(FaOptions), _P(FaExtras), ctypes.c_void_p, ctypes.c_size_t]),
     "fa_forward_kvcache_workspace_size": (ctypes.c_int, [_P(FaTensor), _P(FaKvCache),
                                                          _P(FaOptions), _P(ctypes.c_size_t)]),
     "fa_forward_ex": (ctypes.c_int, [_P(FaTensor), _P(FaTensor), _P(FaTensor), _P(FaTensor),
@@ -675,39 +677,15 @@ def _options(*, softmax_scale, causal, window_size, softcap, deterministic, back
     return o
 
 
-class _Call:
-    """Everything one library call needs, built from Python arguments."""
+class _Structs:
+    """The ctypes structs of one library call, built from Python arguments, and what they
+    point into (kept alive in .keep until the call returns)."""
 
-    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 softmax_scale, causal, window_size, softcap, deterministic, backend, stream,
-                 num_threads):
+    def __init__(self, q, stream):
         self.keep = []
         self.qd = _describe(q, "q")
         self.stream = _resolve_stream(stream, self.qd)
         self.q = self.tensor(q, "q", desc=self.qd)
-        self.k = self.tensor(k, "k")
-        self.v = self.tensor(v, "v")
-        if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-            raise InvalidArgumentError("cu_seqlens_q and cu_seqlens_k must be given together")
-        self.varlen = None
-        if cu_seqlens_q is not None:
-            pq, bq, dq = _cu_seqlens_ptr(cu_seqlens_q, "cu_seqlens_q", self.qd, self.stream)
-            pk, bk, dk = _cu_seqlens_ptr(cu_seqlens_k, "cu_seqlens_k", self.qd, self.stream)
-            if bq != bk:
-                raise InvalidArgumentError(f"cu_seqlens_q has {bq + 1} entries but cu_seqlens_k has "
-                                 f"{bk + 1}; both must have batch + 1")
-            self.keep += [dq, dk]
-            vl = FaVarlen()
-            vl.cu_seqlens_q = pq or None
-            vl.cu_seqlens_k = pk or None
-            vl.batch = bq
-            vl.max_seqlen_q = _int32(max_seqlen_q, "max_seqlen_q")
-            vl.max_seqlen_k = _int32(max_seqlen_k, "max_seqlen_k")
-            self.varlen = vl
-        self.options = _options(softmax_scale=softmax_scale, causal=causal,
-                                window_size=window_size, softcap=softcap,
-                                deterministic=deterministic, backend=backend,
-                                stream=self.stream, num_threads=num_threads)
 
     def tensor(self, x, name, *, output=False, desc=None):
         d = desc if desc is not None else _describe(x, name, self.stream)
@@ -758,6 +736,38 @@ class _Call:
             m.full_kv_indices = ctypes.pointer(self.index_tensor(full_indices, "block_mask.full_kv_indices"))
         self.keep.append(m)
         return m
+
+
+class _Call(_Structs):
+    """Everything one library call needs, built from Python arguments."""
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 softmax_scale, causal, window_size, softcap, deterministic, backend, stream,
+                 num_threads):
+        super().__init__(q, stream)
+        self.k = self.tensor(k, "k")
+        self.v = self.tensor(v, "v")
+        if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+            raise InvalidArgumentError("cu_seqlens_q and cu_seqlens_k must be given together")
+        self.varlen = None
+        if cu_seqlens_q is not None:
+            pq, bq, dq = _cu_seqlens_ptr(cu_seqlens_q, "cu_seqlens_q", self.qd, self.stream)
+            pk, bk, dk = _cu_seqlens_ptr(cu_seqlens_k, "cu_seqlens_k", self.qd, self.stream)
+            if bq != bk:
+                raise InvalidArgumentError(f"cu_seqlens_q has {bq + 1} entries but cu_seqlens_k has "
+                                 f"{bk + 1}; both must have batch + 1")
+            self.keep += [dq, dk]
+            vl = FaVarlen()
+            vl.cu_seqlens_q = pq or None
+            vl.cu_seqlens_k = pk or None
+            vl.batch = bq
+            vl.max_seqlen_q = _int32(max_seqlen_q, "max_seqlen_q")
+            vl.max_seqlen_k = _int32(max_seqlen_k, "max_seqlen_k")
+            self.varlen = vl
+        self.options = _options(softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size, softcap=softcap,
+                                deterministic=deterministic, backend=backend,
+                                stream=self.stream, num_threads=num_threads)
 
     @property
     def varlen_ptr(self):
@@ -980,16 +990,14 @@ def _index_array(x, name: str, q: _Desc, stream, ndim: int) -> _Desc:
     return d
 
 
-class _KvCall:
+class _KvCall(_Structs):
     """One fa_forward_kvcache call's structs, built from Python arguments."""
 
     def __init__(self, q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx,
                  rotary_cos, rotary_sin, rotary_interleaved, num_splits, trust_indices,
-                 softmax_scale, causal, window_size, softcap, backend, stream, num_threads):
-        self.keep = []
-        self.qd = _describe(q, "q")
-        self.stream = _resolve_stream(stream, self.qd)
-        self.q = self.tensor(q, "q", desc=self.qd)
+                 softmax_scale, causal, window_size, softcap, backend, stream, num_threads,
+                 alibi_slopes, sinks):
+        super().__init__(q, stream)
         c = FaKvCache()
         self.k_cache = self.tensor(k_cache, "k_cache", output=True)
         self.v_cache = self.tensor(v_cache, "v_cache", output=True)
@@ -1021,11 +1029,7 @@ class _KvCall:
         self.options = _options(softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap, deterministic=False,
                                 backend=backend, stream=self.stream, num_threads=num_threads)
-
-    def tensor(self, x, name, *, output=False, desc=None):
-        d = desc if desc is not None else _describe(x, name, self.stream)
-        self.keep.append(d)
-        return _fa_tensor(d, name, output=output)
+        self.score_extras = self.extras(alibi_slopes=alibi_slopes, sinks=sinks)
 
     def index(self, x, name, ndim):
         d = _index_array(x, name, self.qd, self.stream, ndim)
@@ -1043,7 +1047,8 @@ class _KvCall:
 _KV_DEFAULTS = dict(k=None, v=None, cache_seqlens=None, block_table=None, cache_batch_idx=None,
                     rotary_cos=None, rotary_sin=None, rotary_interleaved=True, num_splits=0,
                     trust_indices=False, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, backend=None, stream=None, num_threads=0)
+                    softcap=0.0, backend=None, stream=None, num_threads=0, alibi_slopes=None,
+                    sinks=None)
 
 
 def forward_kvcache_workspace_size(q, k_cache, v_cache, **kwargs) -> int:
@@ -1057,7 +1062,9 @@ def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwa
     q (batch, seqlen_q, heads_q, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d),
     or (num_blocks, block_size, heads_kv, d) with block_table (batch, max_blocks) int32;
     cache_seqlens an int or int32 (batch,); k/v (batch, seqlen_new, heads_kv, d) or None;
-    rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2); cache_batch_idx int32 (batch,) or None.
+    rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2); cache_batch_idx int32 (batch,) or None;
+    alibi_slopes f32 (heads_q) or (batch, heads_q), sinks f32 (heads_q), or None (the CUDA
+    decode kernels refuse both for now; the CPU backend runs them).
     out like q; lse f32 (batch, heads_q, seqlen_q) or None. ``workspace``: None (the library
     allocates), a buffer of at least forward_kvcache_workspace_size() bytes on q's device, or a
     callable taking that byte count and returning one. Index arrays are checked on the host
@@ -1070,8 +1077,7 @@ def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwa
     o = c.tensor(out, "out", output=True)
     lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
     ws_ptr, ws_bytes = _workspace_buffer(workspace, c.workspace_size, c)
-    status = library().fa_forward_kvcache(ctypes.byref(c.q), ctypes.byref(c.cache),
-                                          ctypes.byref(o),
-                                          ctypes.byref(lse_t) if lse_t is not None else None,
-                                          ctypes.byref(c.options), ws_ptr, ws_bytes)
+    byref = lambda x: ctypes.byref(x) if x is not None else None  # noqa: E731
+    status = library().fa_forward_kvcache_ex(byref(c.q), byref(c.cache), byref(o), byref(lse_t),
+                                             byref(c.options), byref(c.score_extras), ws_ptr, ws_bytes)
     _check(status)

@@ -25,7 +25,8 @@ kv_indices=None, full_kv_num_blocks=None, full_kv_indices=None):
   flashattn::fwd_kvcache(q, k_cache!, v_cache!, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
                          window_left, window_right, softcap, rotary_interleaved,
-                         num_splits) -> (out, lse)   (appends k/v into the caches in place)
+                         num_splits, alibi_slopes=None, sinks=None) -> (out, lse)
+                         (appends k/v into the caches in place)
 dsinks is float32 (heads_q,), or an empty tensor when sinks is None (an op output cannot
 be None). The sinks are differentiable through the forward ops' autograd formula.
 
@@ -397,7 +398,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def _forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                      cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
-                     window_left, window_right, softcap, rotary_interleaved, num_splits):
+                     window_left, window_right, softcap, rotary_interleaved, num_splits,
+                     alibi_slopes=None, sinks=None):
     # The caches are written in place: they are passed as they are, never copied.
     q = _prep(q)
     out = _empty_like_shape(q)
@@ -421,7 +423,9 @@ def _forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
             cache_batch_idx=indices["cache_batch_idx"], block_table=indices["block_table"],
             rotary_interleaved=rotary_interleaved, num_splits=num_splits,
             softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
-            softcap=softcap)
+            softcap=softcap,
+            alibi_slopes=alibi_slopes.contiguous() if alibi_slopes is not None else None,
+            sinks=sinks.contiguous() if sinks is not None else None)
     return out, lse
 
 
@@ -431,17 +435,19 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
                 cache_seqlens: Optional[Tensor], cache_seqlen: int,
                 cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                softcap: float, rotary_interleaved: bool,
-                num_splits: int) -> Tuple[Tensor, Tensor]:
+                softcap: float, rotary_interleaved: bool, num_splits: int,
+                alibi_slopes: Optional[Tensor] = None,
+                sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return _forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_seqlen, cache_batch_idx, block_table, softmax_scale, causal,
-                            window_left, window_right, softcap, rotary_interleaved, num_splits)
+                            window_left, window_right, softcap, rotary_interleaved, num_splits,
+                            alibi_slopes, sinks)
 
 
 @fwd_kvcache.register_fake
 def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen,
       cache_batch_idx, block_table, softmax_scale, causal, window_left, window_right, softcap,
-      rotary_interleaved, num_splits):
+      rotary_interleaved, num_splits, alibi_slopes=None, sinks=None):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse

@@ -15,7 +15,7 @@ scores -= slope * |i + seqlen_k - seqlen_q - j|). Attention sinks (gpt-oss): the
 keyword sinks= (one logit per query head, joining each row's softmax
 denominator, no value); with torch, a tensor autograd differentiates.
 
-Dropout (dropout_p > 0, torch tensors, CPU backend for now): the Philox seed
+Dropout (dropout_p > 0, torch tensors, CPU and CUDA): the Philox seed
 and offset are drawn from torch's default CPU generator, so torch.manual_seed
 makes a step reproducible; the backward reuses them. With return_attn_probs=True
 S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),
@@ -23,7 +23,8 @@ float32: 1 / (1 - dropout_p) where kept, 0 where dropped (flash-attn encodes
 the same pattern in the sign of its S_dmask); None without dropout.
 
 Block-sparse attention (keyword block_mask=, on the CPU and on CUDA; lists on a GPU
-are copied to the host per call, and under CUDA-graph capture a mask is refused): a
+are copied to the host per call, and under CUDA-graph capture a mask is refused; on
+CUDA not together with dropout_p > 0, which only the CPU backend runs): a
 FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
 flashattn.BlockMask (the same attributes over int32 NumPy arrays or tensors). Each
 query block visits only its listed key blocks; the element mask of the call (causal,
@@ -31,7 +32,7 @@ window_size, sequence lengths) applies inside them, and the BlockMask's mask_mod
 evaluated: pass its equivalent as causal / window_size / cu_seqlens (docs/variants.md).
 
 Not implemented (NotImplementedError, never ignored): block_table in the non-cache
-functions; cache_leftpad and alibi_slopes in flash_attn_with_kvcache; dropout on
+functions; cache_leftpad in flash_attn_with_kvcache; dropout on
 NumPy arrays (call flashattn._capi.forward with dropout_seed/dropout_offset).
 """
 
@@ -282,7 +283,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
-                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            sinks=None):
     """Attention against a KV cache, appending k/v into it in place (flash-attn 2.x signature).
 
     q: (batch, seqlen_q, nheads, headdim). k_cache/v_cache: (batch_cache, seqlen_cache,
@@ -294,13 +296,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     positions (q at cache_seqlens only when neither causal nor windowed); rotary_interleaved
     pairs dims (0, 1), (2, 3)... instead of (i, i + rotary_dim / 2). cache_batch_idx: int32
     (batch,) cache rows of a contiguous cache. causal is bottom-right aligned. num_splits:
-    split-KV pieces on CUDA (0 = heuristic).
+    split-KV pieces on CUDA (0 = heuristic). alibi_slopes: float32 (nheads,) or (batch,
+    nheads); sinks (keyword only, not in flash-attn's signature): float32 (nheads,), one
+    attention-sink logit per head as in flash_attn_func. The CPU backend runs both; the CUDA
+    decode kernels refuse them for now (flashattn.UnsupportedError).
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads,
     seqlen_q) float32) with return_softmax_lse.
     """
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn does not implement alibi_slopes in flash_attn_with_kvcache")
     if cache_leftpad is not None:
         raise NotImplementedError("flashattn does not implement cache_leftpad: it must be None")
     window = _window(window_size)
@@ -313,7 +316,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
             None if one_length else cache_seqlens, int(cache_seqlens) if one_length else 0,
             cache_batch_idx, block_table, scale, bool(causal), window[0], window[1],
-            float(softcap), bool(rotary_interleaved), int(num_splits))
+            float(softcap), bool(rotary_interleaved), int(num_splits), alibi_slopes, sinks)
         return (out, lse) if return_softmax_lse else out
     import numpy as np
     q = np.asarray(q)
@@ -323,5 +326,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                           block_table=block_table, cache_batch_idx=cache_batch_idx,
                           rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                           rotary_interleaved=rotary_interleaved, num_splits=num_splits,
-                          softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
+                          softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+                          alibi_slopes=alibi_slopes, sinks=sinks)
     return (out, lse) if return_softmax_lse else out

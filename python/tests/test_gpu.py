@@ -214,3 +214,49 @@ def test_cuda_errors_surface():
     y = torch.randn(1, 16, 2, 64, device=DEV, dtype=torch.float16)
     with pytest.raises(ValueError):
         flash_attn_func(y, y.cpu(), y)
+
+
+def _dropout_reference(q, k, v, zmask, causal, dtype):
+    """Attention with the dropout factors zmask (b, h, sq, sk) in `dtype`: softmax of the
+    masked scores, times zmask, times V (GQA by repeating kv heads)."""
+    hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
+    qt, kt, vt = (t.to(dtype) for t in (q, k, v))
+    kt = kt.repeat_interleave(hq // hkv, dim=2)
+    vt = vt.repeat_interleave(hq // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qt, kt) / d ** 0.5
+    if causal:
+        s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], True, (-1, -1), q.device), float("-inf"))
+    probs = torch.softmax(s, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs * zmask.to(dtype), vt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d,causal,p", [(64, True, 0.1), (128, False, 0.5), (256, True, 0.17)])
+def test_dropout_matches_float64_reference_with_its_mask(dtype, d, causal, p):
+    """Dropout on CUDA (the sm80 kernels): out and the gradients against the float64
+    reference with the mask return_attn_probs shows, judged against the same formula in
+    the input dtype; the kept fraction within binomial bounds; torch.manual_seed makes it
+    reproducible."""
+    needs_backward()
+    g = torch.Generator(device=DEV).manual_seed(4)
+    b, sq, sk, hq, hkv = 2, 113, 203, 4, 2
+    q, k, v = (torch.randn(b, s, h, d, device=DEV, dtype=dtype, generator=g).requires_grad_()
+               for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+    torch.manual_seed(21)
+    out, _, zmask = flash_attn_func(q, k, v, dropout_p=p, causal=causal, return_attn_probs=True)
+    torch.manual_seed(21)
+    assert torch.equal(out, flash_attn_func(q, k, v, dropout_p=p, causal=causal))
+    assert zmask.device == q.device and zmask.shape == (b, hq, sq, sk)
+    n, kept = zmask.numel(), int((zmask != 0).sum())
+    assert abs(kept - n * (1 - p)) <= 6 * (n * p * (1 - p)) ** 0.5
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    leaves_lp = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref64 = _dropout_reference(*leaves64, zmask, causal, torch.float64)
+    lp = _dropout_reference(*leaves_lp, zmask, causal, dtype)
+    assert_within(out, ref64.detach(), lp.detach(), "out")
+    dout = torch.randn(out.shape, device=DEV, dtype=dtype, generator=g)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(ref64, leaves64, dout.double())
+    lp_grads = torch.autograd.grad(lp, leaves_lp, dout)
+    for name, gg, w, l in zip(("dq", "dk", "dv"), got, want, lp_grads):
+        assert_within(gg, w, l, name, slack=1e-3)

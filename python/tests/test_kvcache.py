@@ -291,3 +291,47 @@ def test_cuda_graph_capture_and_replay_with_new_lengths(rng):
         c.q = q.float().cpu().numpy()
         eo, _, _, _ = c.expected(True, (-1, -1), 0.0)
         np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=2e-2, atol=2e-2)
+
+
+def _expected_with_extras(c, causal, slopes, sinks):
+    """out, lse of a Cache's call with ALiBi slopes (batch, hq) and sinks (hq) in float64
+    (test_variants' reference: the sink as one more softmax column; new tokens appended)."""
+    from test_variants import ref_forward_one
+    outs, lses = [], []
+    hq, hkv = c.q.shape[2], c.k_cache.shape[2]
+    for b, n in enumerate(c.lengths):
+        k, v = c.rows(c.k_cache, b, n), c.rows(c.v_cache, b, n)
+        if c.new:
+            k, v = np.concatenate([k, c.k[b]]), np.concatenate([v, c.v[b]])
+        o, l_ = ref_forward_one(c.q[b], np.repeat(k, hq // hkv, 1), np.repeat(v, hq // hkv, 1), causal,
+                                None if slopes is None else slopes[b], sinks)
+        outs.append(o)
+        lses.append(l_)
+    return np.stack(outs), np.stack(lses)
+
+
+@pytest.mark.parametrize("causal,page,alibi,sinks", [(False, 0, True, True), (True, 16, True, False),
+                                                     (False, 16, False, True)])
+def test_numpy_alibi_and_sinks_match_reference(rng, causal, page, alibi, sinks):
+    c = Cache(rng, [40, 0, 7], 3, 4, 2, 64, new=3, page=page)
+    slopes = (0.1 * rng.standard_normal((3, 4))).astype(np.float32) if alibi else None
+    sink = rng.standard_normal(4).astype(np.float32) if sinks else None
+    eo, el = _expected_with_extras(c, causal, slopes, sink)
+    out, lse = flashattn.flash_attn_with_kvcache(c.q, c.k_cache, c.v_cache, causal=causal, alibi_slopes=slopes,
+                                                 sinks=sink, return_softmax_lse=True, **c.kwargs())
+    np.testing.assert_allclose(out, eo, rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(lse, el, rtol=1e-5, atol=1e-5)
+
+
+@needs_torch
+def test_torch_cpu_alibi_and_sinks_eager_and_compiled(rng):
+    c = Cache(rng, [33, 70], 2, 4, 2, 64, new=2, page=16)
+    slopes = (0.1 * rng.standard_normal((2, 4))).astype(np.float32)
+    sink = rng.standard_normal(4).astype(np.float32)
+    eo, el = _expected_with_extras(c, True, slopes, sink)
+    kw = dict(alibi_slopes=torch.from_numpy(slopes), sinks=torch.from_numpy(sink))
+    for fn in (flashattn.flash_attn_with_kvcache, torch.compile(flashattn.flash_attn_with_kvcache, fullgraph=True)):
+        # torch_call copies the caches into torch tensors: each call appends into fresh ones.
+        out, lse, _, _ = torch_call(c, "cpu", torch.float32, causal=True, fn=lambda *a, **k: fn(*a, **k, **kw))
+        np.testing.assert_allclose(out.numpy(), eo, rtol=1e-4, atol=3e-5)
+        np.testing.assert_allclose(lse.numpy(), el, rtol=1e-5, atol=1e-5)

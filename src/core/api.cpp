@@ -232,10 +232,17 @@ fa_status fa_forward_kvcache_workspace_size(const fa_tensor* q, const fa_kvcache
 fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
                              fa_tensor* lse, const fa_options* options, void* workspace,
                              size_t workspace_bytes) {
+  return fa_forward_kvcache_ex(q, cache, out, lse, options, nullptr, workspace, workspace_bytes);
+}
+
+fa_status fa_forward_kvcache_ex(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
+                                fa_tensor* lse, const fa_options* options, const fa_extras* extras,
+                                void* workspace, size_t workspace_bytes) {
   return guarded([&]() -> fa_status {
     if (out == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, "out is a null pointer");
     KvCacheParams kp;
     FA_RETURN_IF_ERROR(make_kvcache_params({q, cache, out, lse, options}, &kp));
+    FA_RETURN_IF_ERROR(apply_kvcache_extras(extras, *q, &kp.attn));
     const bool use_cuda = resolve_backend(*options, *q) == FA_BACKEND_CUDA;
     if (use_cuda) FA_RETURN_IF_ERROR(cuda::check_kvcache(kp));
     FA_RETURN_IF_ERROR(check_indices_unless_trusted(kp, use_cuda));

@@ -94,7 +94,8 @@ fa_status check_row(const BlockList& l, const ListArgs& a, int b, int h, int qb,
                                                a.indices_name + "'s last dimension)");
   }
   // NOTES: the entry's name is built only for an error: built for every
-  // entry, it cost ~180 ns each (12 ms per call for 16 heads x 64 x 64 blocks).
+  // entry, it made a call with 65,536 entries 5x slower (docs/variants.md,
+  // "Cost on the CPU backend").
   const auto where = [&](int n, int kb) {
     return at(a.indices_name, b, h, qb) + "[" + std::to_string(n) + "] = " + std::to_string(kb);
   };

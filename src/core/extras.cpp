@@ -59,21 +59,21 @@ fa_status check_per_head(const fa_tensor* t, const char* name, const fa_tensor& 
   return FA_OK;
 }
 
-// Reads the values (from the device if need be) and rejects NaN, and values
-// the formulas do not take: slopes must be finite, sinks < +inf (-inf = off).
+// Reads host values and rejects NaN, and values the formulas do not take:
+// slopes must be finite, sinks < +inf (-inf = off).
+// NOTES: device values are not read. A copy to the host synchronizes the
+// stream on every call (about 0.3 ms of a forward + backward pair at 16k rows
+// on the H100, docs/variants.md "Cost") and cannot run inside CUDA-graph
+// capture; on the device a NaN or Inf value
+// reaches the rows that use it as NaN/Inf does from q (docs/semantics.md).
 fa_status check_values(const fa_tensor& t, const char* name, bool allow_minus_inf) {
+  if (t.device == FA_DEVICE_CUDA) return FA_OK;
   const int64_t heads = t.shape[t.ndim - 1];
   const int64_t batch = t.ndim == 2 ? t.shape[0] : 1;
   const int64_t row_stride = t.ndim == 2 ? t.strides[0] : heads;
   const int64_t span = (batch - 1) * row_stride + heads;
   if (span <= 0) return FA_OK;
-  std::vector<float> host(static_cast<size_t>(span));
-  if (t.device == FA_DEVICE_CUDA) {
-    FA_RETURN_IF_ERROR(cuda::copy_to_host(host.data(), t.data, host.size() * sizeof(float), t.device_index));
-  } else {
-    const float* src = static_cast<const float*>(t.data);
-    host.assign(src, src + span);
-  }
+  const float* host = static_cast<const float*>(t.data);
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       const float x = host[static_cast<size_t>(b * row_stride + h)];
@@ -165,6 +165,17 @@ fa_status apply_extras(const fa_extras* extras, const fa_tensor& q, Pass pass, A
   if (extras->alibi_slopes != nullptr) FA_RETURN_IF_ERROR(apply_alibi(extras->alibi_slopes, q, p));
   if (extras->sinks != nullptr) FA_RETURN_IF_ERROR(apply_sinks(*extras, q, pass, p));
   return apply_block_mask(extras->block_mask, p);
+}
+
+fa_status apply_kvcache_extras(const fa_extras* extras, const fa_tensor& q, AttentionParams* p) {
+  if (extras == nullptr) return FA_OK;
+  if (extras->dropout_p != 0.0f) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "dropout_p must be 0 in a KV-cache call (inference has no dropout)");
+  }
+  if (extras->block_mask != nullptr) {
+    return fail(FA_ERROR_INVALID_ARGUMENT, "a KV-cache call takes no block_mask");
+  }
+  return apply_extras(extras, q, Pass::kForward, p);
 }
 
 fa_status dropout_mask(const fa_extras* extras, fa_tensor* mask) {

@@ -104,12 +104,8 @@ fa_status check_common(const AttentionParams& p) {
 }
 
 // The extras' tensors (fa_extras) live on the device too; the kernels read
-// them one f32 at a time. Dropout runs on the CPU backend only for now.
+// them one f32 at a time. Dropout needs no tensor (the sm80 kernels apply it).
 fa_status check_extras(const AttentionParams& p) {
-  if (p.has_dropout()) {
-    return fail(FA_ERROR_UNSUPPORTED, "dropout (dropout_p > 0) is not implemented in the CUDA kernels yet; "
-                                      "use the CPU backend");
-  }
   FA_RETURN_IF_ERROR(check_device_pointer(p.alibi_slopes, "alibi_slopes", p.device_index, sizeof(float)));
   FA_RETURN_IF_ERROR(check_device_pointer(p.sinks, "sinks", p.device_index, sizeof(float)));
   return check_device_pointer(p.dsinks, "dsinks", p.device_index, sizeof(float));
@@ -142,15 +138,20 @@ fa_status check_forward(const AttentionParams& p) {
   return check_row_strides({p.o_batch_stride, p.o_row_stride, p.o_head_stride}, "out");
 }
 
-// Grid dimensions y and z of the decode kernels (KV heads, sequences).
+// Grid dimensions y and z of the decode and backward kernels (KV heads, sequences).
 constexpr int64_t kMaxGridYZ = 65535;
 
 fa_status check_kvcache(const KvCacheParams& kp) {
   const AttentionParams& p = kp.attn;
+  // Dropout never reaches here: apply_kvcache_extras refuses it for every backend.
   FA_RETURN_IF_ERROR(check_forward(p));
   if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
     return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels take at most 65535 sequences and "
                                       "65535 KV heads per call");
+  }
+  if (p.has_alibi() || p.has_sinks()) {
+    return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels do not run ALiBi or attention sinks yet; "
+                                      "the CPU backend does");
   }
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{kp.k_new, "k_new"},
                                   {kp.v_new, "v_new"},
@@ -179,6 +180,12 @@ fa_status stream_is_capturing(void* stream, int device_index, bool* capturing) {
 fa_status check_backward(const AttentionParams& p) {
   FA_RETURN_IF_ERROR(check_common(p));
   FA_RETURN_IF_ERROR(check_extras(p));
+  // The backward kernels' grids are (key tile, KV head, sequence).
+  if (p.batch > kMaxGridYZ || p.heads_kv > kMaxGridYZ) {
+    return fail(FA_ERROR_UNSUPPORTED, "the CUDA backward takes at most 65535 sequences and 65535 KV heads "
+                                      "per call (batch " + std::to_string(p.batch) + ", heads_kv " +
+                                          std::to_string(p.heads_kv) + "); split the batch");
+  }
   FA_RETURN_IF_ERROR(check_row_strides(
       {p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
        p.do_head_stride, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.dk_batch_stride,

@@ -149,6 +149,7 @@ std::string Case::name() const {
   if (alibi != Alibi::kOff) s << (alibi == Alibi::kPerHead ? "_alibi" : "_alibib");
   if (sinks) s << "_sinks";
   if (dropout_p > 0) s << "_drop" << dropout_p;
+  if (dropout_p > 0 && dropout_offset != Case{}.dropout_offset) s << "_off" << dropout_offset;
   if (block_q > 0) s << "_bs" << block_q << "x" << block_k << "_dens" << block_density << (block_shared ? "_shared" : "");
   s << "_s" << seed;
   // Test names allow only letters, digits and '_'.
@@ -215,16 +216,13 @@ Problem make_problem(const Case& c_in) {
   return p;
 }
 
-// Any offset: the tests only need the forward's and the backward's to agree.
-constexpr uint64_t kDropoutOffset = 7;
-
 fa_extras Problem::extras() const {
   fa_extras e = fa_default_extras();
   if (c.alibi != Case::Alibi::kOff) e.alibi_slopes = &alibi_slopes.desc;
   if (c.sinks) e.sinks = &sinks.desc;
   e.dropout_p = c.dropout_p;
   e.dropout_seed = c.seed * 0x9e3779b97f4a7c15ull;  // both key words vary with the case
-  e.dropout_offset = kDropoutOffset;
+  e.dropout_offset = c.dropout_offset;
   if (use_block_mask) {
     block_mask.kv_num_blocks = &kv_num_blocks.desc;
     block_mask.kv_indices = &kv_indices.desc;

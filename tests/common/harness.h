@@ -41,7 +41,8 @@ struct Case {
   enum class Alibi { kOff, kPerHead, kPerBatchHead };
   Alibi alibi = Alibi::kOff;
   bool sinks = false;
-  float dropout_p = 0.0f;  // with seed `seed` and offset 7 (fa_extras)
+  float dropout_p = 0.0f;  // with seed `seed` and offset dropout_offset (fa_extras)
+  uint64_t dropout_offset = 7;  // any: the forward and the backward only need to agree
   uint64_t seed = 1;
   // Block mask (fa_block_mask), on when block_q > 0: each (query block, key
   // block) pair listed with probability block_density, about half of the

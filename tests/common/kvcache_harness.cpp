@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/extras.h"
 #include "core/validate.h"
 
 namespace flashattn::testing {
@@ -145,6 +146,8 @@ std::string KvCase::name() const {
   if (window_left >= 0 || window_right >= 0) s << "_win" << window_left << "_" << window_right;
   if (softcap > 0) s << "_softcap";
   if (num_splits) s << "_split" << num_splits;
+  if (alibi) s << "_alibi";
+  if (sinks) s << "_sinks";
   s << "_s" << seed;
   std::string name = s.str();
   for (char& ch : name) {
@@ -183,6 +186,18 @@ KvProblem make_kv_problem(const KvCase& c) {
     fill_normal(p.v_new, rng);
   }
   if (c.rotary_dim > 0) fill_rotary(p, capacity + c.seqlen_q);
+  if (c.alibi) {
+    // Slopes of either sign up to ~0.1 (ALiBi's are 2^-8 .. 2^-1): over a
+    // few thousand keys the bias spans hundreds of logits.
+    p.slopes = make_host_tensor(FA_F32, {batch, c.heads_q});
+    fill_normal(p.slopes, rng);
+    float* slope = reinterpret_cast<float*>(p.slopes.bytes.data());
+    for (int64_t i = 0; i < int64_t{batch} * c.heads_q; ++i) slope[i] *= 0.05f;
+  }
+  if (c.sinks) {
+    p.sinks = make_host_tensor(FA_F32, {c.heads_q});
+    fill_normal(p.sinks, rng);
+  }
   p.cache_seqlens.assign(c.cached.begin(), c.cached.end());
   p.options = fa_default_options();
   p.options.causal = c.causal;
@@ -223,6 +238,13 @@ fa_kvcache KvProblem::describe(fa_tensor* kc, fa_tensor* vc, const fa_tensor* kn
   return d;
 }
 
+fa_extras KvProblem::extras(const fa_tensor* slopes_t, const fa_tensor* sinks_t) const {
+  fa_extras e{};
+  e.alibi_slopes = c.alibi ? slopes_t : nullptr;
+  e.sinks = c.sinks ? sinks_t : nullptr;
+  return e;
+}
+
 KvCacheParams KvProblem::host_params() const {
   fa_tensor kd = k_cache.desc, vd = v_cache.desc;
   const fa_kvcache d = describe(&kd, &vd, &k_new.desc, &v_new.desc, &cos.desc, &sin.desc,
@@ -230,7 +252,9 @@ KvCacheParams KvProblem::host_params() const {
   fa_options o = options;
   o.backend = FA_BACKEND_CPU;
   KvCacheParams kp;
-  if (make_kvcache_params({&q.desc, &d, nullptr, nullptr, &o}, &kp) != FA_OK) {
+  const fa_extras e = extras(&slopes.desc, &sinks.desc);
+  if (make_kvcache_params({&q.desc, &d, nullptr, nullptr, &o}, &kp) != FA_OK ||
+      apply_kvcache_extras(&e, q.desc, &kp.attn) != FA_OK) {
     throw std::runtime_error(std::string("invalid kvcache case: ") + last_error());
   }
   return kp;
@@ -313,6 +337,30 @@ std::vector<KvCase> kvcache_suite(fa_dtype dtype) {
   // Forced split counts (the CUDA split-KV path; the CPU ignores them).
   add({.heads_q = 32, .heads_kv = 8, .head_dim = 128, .cached = {4097, 1, 0}, .seqlen_new = 1,
        .page_size = 64, .num_splits = 7});
+  return cases;
+}
+
+std::vector<KvCase> kvcache_extras_suite(fa_dtype dtype) {
+  std::vector<KvCase> cases;
+  auto add = [&](KvCase c) {
+    c.dtype = dtype;
+    c.seed = 500 + cases.size();
+    cases.push_back(c);
+  };
+  // Decoding with ALiBi, sinks and both; ragged lengths (one empty: lse = sink).
+  add({.heads_q = 8, .heads_kv = 2, .cached = {1023, 0, 7}, .alibi = true});
+  add({.heads_q = 8, .heads_kv = 2, .cached = {1023, 0, 7}, .sinks = true});
+  add({.heads_q = 4, .heads_kv = 1, .cached = {300, 17}, .seqlen_new = 1, .page_size = 16, .alibi = true,
+       .sinks = true});
+  // Speculative decoding and chunked prefill: the bias and the diagonal follow each sequence's keys.
+  add({.seqlen_q = 5, .heads_q = 8, .heads_kv = 8, .cached = {15, 60}, .seqlen_new = 5, .page_size = 16,
+       .causal = true, .alibi = true, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 2, .heads_kv = 1, .cached = {203, 0}, .seqlen_new = 300, .page_size = 64,
+       .causal = true, .alibi = true});
+  add({.seqlen_q = 5, .heads_q = 4, .heads_kv = 4, .cached = {77, 200}, .window_left = 40, .window_right = 2,
+       .softcap = 10.0f, .alibi = true, .sinks = true});
+  add({.heads_q = 16, .heads_kv = 2, .head_dim = 128, .cached = {4097, 9}, .seqlen_new = 1, .batch_idx = true,
+       .rotary_dim = 32, .interleaved = true, .sinks = true});
   return cases;
 }
 

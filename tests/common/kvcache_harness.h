@@ -34,6 +34,8 @@ struct KvCase {
   int window_right = -1;
   float softcap = 0.0f;
   int num_splits = 0;
+  bool alibi = false;  // ALiBi slopes per (sequence, head) through fa_forward_kvcache_ex
+  bool sinks = false;  // an attention sink per head, likewise
   uint64_t seed = 1;
 
   int batch() const { return static_cast<int>(cached.size()); }
@@ -43,7 +45,7 @@ inline void PrintTo(const KvCase& c, std::ostream* os) { *os << c.name(); }
 
 struct KvProblem {
   KvCase c;
-  HostTensor q, k_cache, v_cache, k_new, v_new, cos, sin;
+  HostTensor q, k_cache, v_cache, k_new, v_new, cos, sin, slopes, sinks;
   std::vector<int32_t> block_table, cache_seqlens, cache_batch_idx;
   int max_blocks = 0;
   fa_options options{};
@@ -54,6 +56,9 @@ struct KvProblem {
                       const fa_tensor* v_new, const fa_tensor* cos, const fa_tensor* sin,
                       const int32_t* block_table, const int32_t* cache_seqlens,
                       const int32_t* cache_batch_idx) const;
+  // The case's ALiBi slopes and sinks over the given tensors (host or device
+  // twins of slopes / sinks; ignored when the case has none).
+  fa_extras extras(const fa_tensor* slopes, const fa_tensor* sinks) const;
   // Params over the host tensors, for the reference.
   KvCacheParams host_params() const;
   HostTensor poisoned_out() const;
@@ -76,5 +81,7 @@ KvExpected expected_kvcache(const KvProblem& p);
 
 // The cases the issue lists (lengths, pages, GQA, head dims, options, rotary).
 std::vector<KvCase> kvcache_suite(fa_dtype dtype);
+// Cases with ALiBi and sinks (the CPU backend runs them; the CUDA decode kernels refuse them).
+std::vector<KvCase> kvcache_extras_suite(fa_dtype dtype);
 
 }  // namespace flashattn::testing

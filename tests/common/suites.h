@@ -183,6 +183,16 @@ inline std::vector<Case> variants_suite(const std::vector<fa_dtype>& dtypes,
       c.sinks = true;
       cases.push_back(c);
     }
+    // Long enough for whole tiles on each side of the diagonal (the kernels'
+    // linear ALiBi form) as well as across it.
+    // Seeds of their own, so the cases above keep theirs.
+    for (bool causal : {false, true}) {
+      Case c = make_case(dt, 1023, 700, 64, 5000 + 2 * static_cast<uint64_t>(dt) + (causal ? 1 : 0));
+      c.alibi = Alibi::kPerBatchHead;
+      c.batch = 2;
+      c.causal = causal;
+      cases.push_back(c);
+    }
   }
   return cases;
 }

@@ -7,7 +7,7 @@
 // create_block_mask's causal / sliding-window masks bitwise equal to the
 // dense sm80 call; the deterministic backward bitwise stable; NaN in key tiles
 // no listed block reaches reaching nothing (they are never read); lists in
-// device memory and CUDA-graph capture refused.
+// device memory, CUDA-graph capture and dropout with a block mask refused.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -31,7 +31,8 @@ namespace {
 // Every head dim the CUDA backend takes (multiples of 8 up to 256), sampled.
 const std::vector<int> kHeadDims = {32, 40, 64, 72, 96, 128, 160, 192, 256};
 
-// The suite without dropout (the CUDA kernels refuse it).
+// The suite without dropout (the CUDA kernels refuse both together; the
+// refusal is tested below).
 std::vector<Case> cuda_block_sparse_suite() {
   std::vector<Case> cases;
   for (const Case& c : block_sparse_suite({FA_F16, FA_BF16}, kHeadDims)) {
@@ -228,6 +229,37 @@ TEST(CudaBlockSparseErrors, GraphCaptureIsRefused) {
   cudaStreamDestroy(stream);
   EXPECT_EQ(s, FA_ERROR_UNSUPPORTED);
   EXPECT_NE(error.find("CUDA graph"), std::string::npos) << error;
+}
+
+// A block mask with dropout: the sm80 kernels run one or the other, so both
+// together are refused (naming both), forward and backward, before anything
+// is written. The CPU backend runs them (tests/test_block_sparse.cpp).
+TEST(CudaBlockSparseErrors, DropoutIsRefused) {
+  FA_REQUIRE_GPU();
+  Case c = make_case(FA_BF16, 40, 50, 64, 6500);
+  c.block_q = 16;
+  c.block_k = 16;
+  c.block_density = 0.5;
+  c.dropout_p = 0.1f;
+  const Problem p = make_problem(c);
+  DeviceProblem d(p);
+  const HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse(), dq = p.poisoned_like_q();
+  DeviceTensor dout_ = DeviceTensor::upload(out), dlse = DeviceTensor::upload(lse);
+  DeviceTensor gq = DeviceTensor::upload(dq), gk = DeviceTensor::upload(p.poisoned_like_k()),
+               gv = DeviceTensor::upload(p.poisoned_like_k());
+  const fa_options o = d.options();
+  const fa_extras x = p.extras();
+  const std::string named = "block_mask with dropout_p > 0";
+  EXPECT_EQ(fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &dlse.desc, nullptr, &o, &x),
+            FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find(named), std::string::npos) << fa_last_error();
+  EXPECT_EQ(fa_backward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &dout_.desc, &d.dout.desc, &dlse.desc, &gq.desc,
+                           &gk.desc, &gv.desc, nullptr, &o, &x, nullptr, 0),
+            FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fa_last_error()).find(named), std::string::npos) << fa_last_error();
+  EXPECT_EQ(dout_.download(out).bytes, out.bytes) << "out written";
+  EXPECT_EQ(dlse.download(lse).bytes, lse.bytes) << "lse written";
+  EXPECT_EQ(gq.download(dq).bytes, dq.bytes) << "dq written";
 }
 
 }  // namespace

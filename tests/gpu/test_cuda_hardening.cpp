@@ -107,6 +107,27 @@ TEST(CudaHardening, EmptyBatchForwardAndBackward) {
                                          nullptr, &c.o, nullptr, 0)));
 }
 
+// The backward's grid holds at most 65535 sequences: more is a clear refusal
+// before anything is written, not a failed launch after the pre-pass.
+TEST(CudaHardening, BackwardBeyondGridLimitRefused) {
+  FA_REQUIRE_GPU();
+  Case k;
+  k.dtype = FA_BF16;
+  k.head_dim = 64;
+  k.batch = 65536;
+  k.seqlen_q = 1;
+  k.seqlen_k = 2;
+  DeviceCall c(k);
+  ASSERT_TRUE(call_completed(c.forward(nullptr)));
+  const HostTensor poison = c.p.poisoned_like_q();
+  DeviceTensor dq = DeviceTensor::upload(poison), dk = DeviceTensor::upload(c.p.poisoned_like_k()),
+               dv = DeviceTensor::upload(c.p.poisoned_like_k());
+  expect_rejected(fa_backward(&c.d.q.desc, &c.d.k.desc, &c.d.v.desc, &c.out.desc, &c.d.dout.desc, &c.lse.desc,
+                              &dq.desc, &dk.desc, &dv.desc, nullptr, &c.o, nullptr, 0),
+                  "65535 sequences");
+  EXPECT_EQ(dq.download(c.p.q).bytes, poison.bytes);
+}
+
 // The logsumexp needs only float alignment (it is read and written one float
 // at a time; ring attention writes row slices of it): a view that starts one
 // float into its buffer is accepted and holds the right values.

@@ -1,6 +1,8 @@
 // fa_forward_kvcache on the CUDA backend (split-KV decode kernels) against the
 // float64 reference: outputs poisoned before each call, cache contents checked,
-// forced split counts, CUDA-graph capture and replay with new cache_seqlens.
+// forced split counts, every page-size path of the paged source, pages outside
+// the pool met inside the kernel, CUDA-graph capture and replay with new
+// cache_seqlens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,7 +79,8 @@ TEST_P(CudaKvCache, MatchesFloat64Reference) {
 
 TEST_P(CudaKvCache, ForcedSplitsMatchToo) {
   FA_REQUIRE_GPU();
-  for (int splits : {1, 3}) {
+  // 40 splits: more than one per lane of the combine's state merge.
+  for (int splits : {1, 3, 40}) {
     KvCase c = GetParam();
     c.num_splits = splits;
     SCOPED_TRACE(splits);
@@ -95,6 +98,15 @@ std::vector<KvCase> gpu_suite() {
     cases.push_back({.seqlen_q = 2, .heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {129, 7},
                      .seqlen_new = 2, .page_size = 16, .causal = true, .seed = 100u + d});
   }
+  // The paged source's paths (src/cuda/decode/source.cuh): pages that are not a
+  // power of two, translated per row (24, 96 at d128) and per tile (96 at d256,
+  // whose key tiles are 32 keys), power-of-two pages per row (32) and per tile (128).
+  for (int page : {24, 32, 96, 128}) {
+    cases.push_back({.heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {700, 0, 95}, .seqlen_new = 1,
+                     .page_size = page, .seed = 400u + page});
+  }
+  cases.push_back({.heads_q = 4, .heads_kv = 2, .head_dim = 256, .cached = {500, 96}, .seqlen_new = 1,
+                   .page_size = 96, .seed = 500});
   // Packed rows beyond one tile (seqlen_q 5 x group 8 = 40 rows), long split cache.
   cases.push_back({.seqlen_q = 5, .heads_q = 32, .heads_kv = 4, .head_dim = 128, .cached = {4097, 1023},
                    .seqlen_new = 5, .page_size = 256, .causal = true, .seed = 300});
@@ -117,6 +129,24 @@ TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
             FA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa_last_error()).find("outside the pool"), std::string::npos);
   EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
+}
+
+// ALiBi and sinks in a KV-cache call run on the CPU backend only: the CUDA
+// decode kernels refuse them before anything is appended.
+TEST(CudaKvCacheErrors, AlibiAndSinksRefusedUntilTheDecodeKernelsRunThem) {
+  FA_REQUIRE_GPU();
+  for (KvCase c : kvcache_extras_suite(FA_BF16)) {
+    KvProblem p = make_kv_problem(c);
+    DeviceKv d(p);
+    DeviceTensor slopes = DeviceTensor::upload(p.slopes), sinks = DeviceTensor::upload(p.sinks);
+    const fa_kvcache desc = d.describe();
+    const fa_options o = d.options();
+    const fa_extras e = p.extras(&slopes.desc, &sinks.desc);
+    EXPECT_EQ(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &e, nullptr, 0),
+              FA_ERROR_UNSUPPORTED) << c.name();
+    EXPECT_NE(std::string(fa_last_error()).find("ALiBi or attention sinks"), std::string::npos) << fa_last_error();
+    EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
+  }
 }
 
 // Index arrays are read one int32 at a time: views into a larger array (a
@@ -143,6 +173,53 @@ TEST(CudaKvCacheErrors, IndexArraysNeedOnlyIntAlignment) {
   ASSERT_TRUE(call_completed(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, nullptr, 0)));
   EXPECT_TRUE(d.matches(e));
 }
+
+// With trust_indices the host does not read the block table: a page outside the
+// pool in the middle of sequence 1 is met by one split inside the kernel, which
+// reads nothing of it; the merge makes all of sequence 1 NaN, and the other
+// sequences are as with a good table (per-row and per-tile page translation).
+class CudaKvCacheBadPage : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaKvCacheBadPage, PoisonsOnlyItsSequence) {
+  FA_REQUIRE_GPU();
+  const int page = GetParam();
+  KvCase c{.heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {600, 600, 600}, .page_size = page,
+           .num_splits = 8, .seed = 77};
+  KvProblem p = make_kv_problem(c);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv good(p);
+  fa_kvcache desc = good.describe();
+  desc.trust_indices = 1;
+  const fa_options o = good.options();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&good.q.desc, &desc, &good.out.desc, &good.lse.desc, &o, nullptr, 0)));
+  ASSERT_TRUE(good.matches(e));
+
+  const int64_t pool = static_cast<int64_t>(p.k_cache.bytes.size()) / (int64_t{page} * c.heads_kv * c.head_dim * 2);
+  p.block_table[p.max_blocks + 320 / page] = static_cast<int32_t>(pool + 3);  // key 320 of sequence 1
+  DeviceKv bad(p);
+  desc = bad.describe();
+  desc.trust_indices = 1;
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&bad.q.desc, &desc, &bad.out.desc, &bad.lse.desc, &o, nullptr, 0)));
+  HostTensor out = bad.out.download(bad.out_like);
+  HostTensor lse = bad.lse.download(bad.lse_like);
+  const HostTensor good_out = good.out.download(good.out_like);
+  const HostTensor good_lse = good.lse.download(good.lse_like);
+  const int64_t per_seq = int64_t{c.heads_q} * c.head_dim, lse_per_seq = c.heads_q;
+  for (int64_t i = 0; i < 3 * per_seq; ++i) {
+    const bool nan = std::isnan(load_as_float(out.bytes.data(), i, c.dtype));
+    EXPECT_EQ(nan, i / per_seq == 1) << i;
+  }
+  for (int64_t i = lse_per_seq; i < 2 * lse_per_seq; ++i) {
+    EXPECT_TRUE(std::isnan(load_as_float(lse.bytes.data(), i, FA_F32))) << i;
+  }
+  // Sequence 1 as the good call gave it: then everything matches the reference.
+  const size_t out_bytes = static_cast<size_t>(per_seq) * 2, lse_bytes = static_cast<size_t>(lse_per_seq) * 4;
+  std::memcpy(&out.bytes[out_bytes], &good_out.bytes[out_bytes], out_bytes);
+  std::memcpy(&lse.bytes[lse_bytes], &good_lse.bytes[lse_bytes], lse_bytes);
+  EXPECT_TRUE(kvcache_call_matches(p, e, out, lse, bad.k_cache.download(p.k_cache), bad.v_cache.download(p.v_cache)));
+}
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, CudaKvCacheBadPage, ::testing::Values(16, 64));
 
 // A decode step (append + attention) captured once and replayed with new
 // cache_seqlens and new tokens: every replay matches the reference, and a

@@ -1,5 +1,5 @@
 // The extras of a Problem on the device and one CUDA forward / backward with
-// them (ALiBi, sinks, block masks), shared by the GPU variant suites.
+// them (ALiBi, sinks, dropout, block masks), shared by the GPU variant suites.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,9 +24,14 @@ struct DeviceExtras {
   }
   fa_extras forward(const Problem& p) const {
     fa_extras e = fa_default_extras();
-    e.block_mask = p.extras().block_mask;  // host lists, on every backend
     if (p.c.alibi != Case::Alibi::kOff) e.alibi_slopes = &alibi.desc;
     if (p.c.sinks) e.sinks = &sinks.desc;
+    // Dropout takes no tensor: p, seed and offset as the host problem's.
+    const fa_extras host = p.extras();
+    e.block_mask = host.block_mask;  // host lists, on every backend
+    e.dropout_p = host.dropout_p;
+    e.dropout_seed = host.dropout_seed;
+    e.dropout_offset = host.dropout_offset;
     return e;
   }
   fa_extras backward(const Problem& p) {

@@ -14,23 +14,10 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/convert.h"
 
 namespace flashattn::cuda::bwd {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // Row `row` of the flattened (total_q) view -> its sequence and row in it.
 // Fixed-length batches divide; varlen batches search cu_seqlens_q.

@@ -4,7 +4,10 @@
 // NOTES: one block per head, each thread a fixed stride of rows, then a tree
 // reduction in shared memory: the order never depends on timing, so the
 // gradient is bitwise reproducible (deterministic mode or not). The sum is
-// kept in double: it runs over every row of every sequence.
+// kept in double: it runs over every row of every sequence. With one block
+// per head most SMs idle and the pass is bound by the latency of its loads:
+// a full block of threads, each with kRowsInFlight rows' loads issued before
+// their use, keeps more of them in flight.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -17,7 +20,8 @@
 namespace flashattn::cuda::bwd {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 1024;
+constexpr int kRowsInFlight = 4;  // loads issued ahead per thread (latency-bound loop)
 
 // The forward's lse of flattened row `row` (total_q view) of head h.
 __device__ __forceinline__ float lse_of_row(const AttentionParams& p, int64_t row, int h) {
@@ -31,8 +35,18 @@ __global__ void __launch_bounds__(kThreads) sink_grad_kernel(const AttentionPara
   const int h = blockIdx.x;
   const AttentionSink sink{p.sinks[h]};
   double sum = 0.0;
-  for (int64_t row = threadIdx.x; row < p.total_q; row += kThreads)
-    sum += sink.grad_term(lse_of_row(p, row, h), ws.row_d[h * p.total_q + row]);
+  constexpr int64_t kStep = static_cast<int64_t>(kThreads) * kRowsInFlight;
+  for (int64_t row0 = threadIdx.x; row0 < p.total_q; row0 += kStep) {
+    float lse[kRowsInFlight], d[kRowsInFlight];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const int64_t row = row0 + u * kThreads;
+      lse[u] = row < p.total_q ? lse_of_row(p, row, h) : -INFINITY;  // -inf: a zero term
+      d[u] = row < p.total_q ? ws.row_d[h * p.total_q + row] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) sum += sink.grad_term(lse[u], d[u]);
+  }
   partial[threadIdx.x] = sum;
   __syncthreads();
   for (int width = kThreads / 2; width > 0; width /= 2) {

@@ -7,6 +7,7 @@
 #include "core/backends.h"
 #include "core/error.h"
 #include "cuda/common/device_guard.h"
+#include "cuda/decode/combine.cuh"
 #include "cuda/decode/kernel.cuh"
 #include "cuda/decode/split.h"
 
@@ -19,6 +20,14 @@ constexpr size_t kWorkspaceAlignment = 256;  // every piece starts on a 256-byte
 size_t aligned(size_t bytes) { return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
 
 int head_dim_bucket(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+
+// log2(n) for a power of two n, else -1 (a paged cache's page size; 0 when contiguous).
+int power_of_two_shift(int n) {
+  if (n <= 0 || (n & (n - 1)) != 0) return -1;
+  int shift = 0;
+  while ((1 << shift) < n) ++shift;
+  return shift;
+}
 
 int sm_count(int device_index) {
   int n = 0;
@@ -62,10 +71,54 @@ fa_status launch_error(const char* what) {
   return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-template <typename T, int HeadDim>
+// NOTES: programmatic dependent launch lets a kernel start while the one before
+// it on the stream drains (common.cuh); it needs sm_90 code (griddepcontrol),
+// so only a kernel whose binary on this device comes from a compute_90 or newer
+// target gets the attribute (an sm_80 build running on any GPU never does).
+bool programmatic_launch_ok(const void* kernel) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  constexpr int kGridDependencyPtx = 90;
+  return attr.ptxVersion >= kGridDependencyPtx;
+}
+
+// Launches kernel(p, w), overlapping the kernel before it when `overlap` and
+// the device allows; a plain launch when the attribute is refused.
+fa_status launch(void (*kernel)(KvCacheParams, decode::Work), dim3 grid, int smem, bool overlap,
+                 const KvCacheParams& p, const decode::Work& w, cudaStream_t stream, const char* what) {
+  if (overlap && programmatic_launch_ok(reinterpret_cast<const void*>(kernel))) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(decode::kThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, kernel, p, w) == cudaSuccess) return FA_OK;
+    cudaGetLastError();
+  }
+  kernel<<<grid, decode::kThreads, smem, stream>>>(p, w);
+  return launch_error(what);
+}
+
+// The decode kernel, then the combine when the keys are split, each launched
+// to overlap the tail of the kernel before it.
+//
+// NOTES: the decode kernel waits for the kernel before it (griddepcontrol.wait)
+// before it reads anything, so whatever that kernel is (the append, a previous
+// call's combine, the caller's work writing q or cache_seqlens), its writes are
+// visible. What the overlap saves is the launch: the grid is resident when the
+// kernel before it finishes, if that kernel allows dependents early (ours do).
+template <typename T, int HeadDim, template <int> class Source>
 fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   using Tr = decode::Traits<HeadDim>;
-  auto kernel = decode::decode_kernel<T, HeadDim>;
+  auto kernel = decode::decode_kernel<T, HeadDim, Source>;
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
   if (optin < Tr::kSmemBytes) {
@@ -79,19 +132,23 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStre
     return launch_error("decode kernel shared memory");
   }
   const dim3 grid(w.splits * w.query_tiles, kp.attn.heads_kv, kp.attn.batch);
-  kernel<<<grid, decode::kThreads, Tr::kSmemBytes, stream>>>(kp, w);
-  FA_RETURN_IF_ERROR(launch_error("decode kernel"));
-  if (w.splits > 1) {
-    const int64_t rows = int64_t{kp.attn.batch} * kp.attn.heads_q * kp.attn.seqlen_q;
-    decode::combine_kernel<T><<<static_cast<unsigned>(rows), decode::kThreads, 0, stream>>>(kp, w);
-    FA_RETURN_IF_ERROR(launch_error("decode combine kernel"));
-  }
-  return FA_OK;
+  FA_RETURN_IF_ERROR(launch(kernel, grid, Tr::kSmemBytes, true, kp, w, stream, "decode kernel"));
+  if (w.splits == 1) return FA_OK;
+  const int64_t rows = int64_t{kp.attn.batch} * kp.attn.heads_q * kp.attn.seqlen_q;
+  return launch(decode::combine_kernel<T, HeadDim>, dim3(static_cast<unsigned>(rows)), 0, true, kp, w, stream,
+                "decode combine kernel");
+}
+
+template <typename T, int HeadDim>
+fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
+  return kp.is_paged() ? launch_decode<T, HeadDim, decode::PagedKv>(kp, w, stream)
+                       : launch_decode<T, HeadDim, decode::ContiguousKv>(kp, w, stream);
 }
 
 template <typename T>
 fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   const AttentionParams& a = kp.attn;
+  // NOTES: with no new tokens and no rotary there is nothing to append: one launch fewer.
   if (kp.seqlen_new > 0 || w.q_rotated != nullptr) {
     const dim3 grid(std::max(kp.seqlen_new, w.q_rotated != nullptr ? a.seqlen_q : 0), a.batch);
     decode::append_kernel<T><<<grid, decode::kThreads, 0, stream>>>(kp, w);
@@ -99,9 +156,9 @@ fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t strea
   }
   if (a.seqlen_q == 0) return FA_OK;  // nothing to attend; the append above still happens
   switch (head_dim_bucket(a.head_dim)) {
-    case 64: return launch_decode<T, 64>(kp, w, stream);
-    case 128: return launch_decode<T, 128>(kp, w, stream);
-    default: return launch_decode<T, 256>(kp, w, stream);
+    case 64: return launch_for_cache<T, 64>(kp, w, stream);
+    case 128: return launch_for_cache<T, 128>(kp, w, stream);
+    default: return launch_for_cache<T, 256>(kp, w, stream);
   }
 }
 
@@ -126,6 +183,7 @@ fa_status forward_kvcache(const KvCacheParams& kp) {
   decode::Work w{};
   w.splits = plan.splits;
   w.query_tiles = plan.query_tiles;
+  w.page_shift = power_of_two_shift(kp.block_size);
   w.q_rotated = plan.q_rotated_bytes > 0 ? base : nullptr;
   w.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes) : nullptr;
   w.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes + plan.partial_o_bytes) : nullptr;

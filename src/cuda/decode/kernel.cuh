@@ -4,10 +4,9 @@
 // holds up to kMaxRows rows r = i * group + g: query position i of query head
 // hk * group + g, so the query heads sharing a KV head read each K/V tile once.
 // The split walks its share of the sequence's visible key tiles through a
-// cp.async ring (rows gathered one by one through the block table when the
-// cache is paged), keeps an online softmax per row, and writes either the
-// final output (one split) or a normalised partial (O, lse) in f32 that the
-// combine kernel merges with attention/state.h's merge.
+// cp.async ring (rows addressed by a K/V source: source.cuh), keeps an online
+// softmax per row, and writes either the final output (one split) or a
+// normalised partial (O, lse) in f32 that combine.cuh merges.
 //
 // NOTES: decoding reads every K/V byte once, so the kernel is bound by memory
 // as long as the math stays out of the way: scores and P V run on the tensor
@@ -28,159 +27,61 @@
 #include "core/kvcache.h"
 #include "core/numeric.h"
 #include "cuda/common/mma.h"
+#include "cuda/decode/common.cuh"
+#include "cuda/decode/source.cuh"
 #include "cuda/decode/tuning.h"
 
 namespace flashattn::cuda::decode {
 
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-
-// Where a call's scratch lives (all on the device, carved from one workspace).
-struct Work {
-  void* q_rotated;      // (batch, seqlen_q, heads_q, d) in q's dtype, or null without rotary
-  float* partial_o;     // [splits][batch][heads_q][seqlen_q][d], normalised
-  float* partial_lse;   // [splits][batch][heads_q][seqlen_q], natural log
-  int splits;
-  int query_tiles;
-};
-
-// Shapes of one head-dim bucket (the real head dim may be smaller, a multiple of 8).
-//
-// NOTES: a CTA's 4 warps split each key tile into key slices of 16 keys (one
-// mma k-step of P V); each warp keeps its own online softmax and O for its
-// slices and the slices merge once at the end (attention/state.h). At head dim
-// 256 two warps share a slice, each owning half of O's columns, so O stays at
-// 64 registers a thread.
-template <int HeadDim>
-struct Traits {
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kSliceKeys = 16;
-  static constexpr int kBlockK = block_keys(HeadDim);
-  static constexpr int kKeySlices = kBlockK / kSliceKeys;
-  static constexpr int kColumnParts = kWarps / kKeySlices;   // warps sharing a slice
-  static constexpr int kColumns = HeadDim / kColumnParts;    // O columns of one warp
-  static constexpr int kOTiles = kColumns / 8;               // mma n-tiles of O
-  static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of Q K^T
-  static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
-  static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
-  static constexpr int kStages =
-      kRingBytes / kStageBytes < kMinStages
-          ? kMinStages
-          : (kRingBytes / kStageBytes > kMaxStages ? kMaxStages : kRingBytes / kStageBytes);
-  static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kRingBytesUsed = kStages * kStageBytes;
-  static constexpr int kQBytes = kMaxRows * kRowElems * 2;
-  static constexpr int kSmemBytes = kRingBytesUsed + kQBytes;
-  // The end-of-CTA merge reuses the drained ring: O, m and l of every slice.
-  static constexpr int kScratchFloats = kKeySlices * kMaxRows * (HeadDim + 2);
-  static_assert(kMaxRows == 16, "one mma row tile of packed query rows");
-  static_assert(kKeySlices * kColumnParts == kWarps && kOTiles % 2 == 0, "warp mapping");
-  static_assert(kScratchFloats * 4 <= kRingBytesUsed, "the slice merge fits the ring");
-};
-
-// The CTA's packed rows and key tiles.
-struct TileWork {
-  int b, hk, split, row0, rows, group;
-  int tile_begin, tile_end;  // key tiles of this split
-};
-
-__device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work& w, int block_keys) {
-  TileWork t;
-  t.split = blockIdx.x % w.splits;
-  const int qtile = blockIdx.x / w.splits;
-  t.hk = blockIdx.y;
-  t.b = blockIdx.z;
-  t.group = p.attn.group_size();
-  t.row0 = qtile * kMaxRows;
-  t.rows = min(kMaxRows, p.attn.seqlen_q * t.group - t.row0);
-  const MaskPolicy mask = p.mask(t.b);
-  const int first = mask.key_begin(t.row0 / t.group);
-  const int end = mask.key_end((t.row0 + t.rows - 1) / t.group + 1);
-  const int t0 = first / block_keys, t1 = end > first ? (end + block_keys - 1) / block_keys : t0;
-  const int per_split = (t1 - t0 + w.splits - 1) / w.splits;
-  t.tile_begin = min(t1, t0 + t.split * per_split);
-  t.tile_end = min(t1, t.tile_begin + per_split);
-  return t;
+// 16 bytes of a K/V row, global -> shared, L1 bypassed; the L2 fetches the
+// 128-byte span around it on a miss (the row's other chunks come with it).
+// NOTES: measured on the H100 (docs/performance.md 3.6): +2-2.5% on the
+// contiguous cache at batch 16-128 and batch 1 x 64k-256k, paged caches level;
+// a 256-byte span measured the same.
+__device__ __forceinline__ void cp_async_row_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
 }
 
-// The rows of a key tile one thread copies: it keeps one 16-byte column chunk
-// and walks rows threadIdx.x / kChunks + n * kRowsPerPass.
-template <int HeadDim>
-struct TileRows {
-  static constexpr int kRowsPerPass = kThreads / Traits<HeadDim>::kChunks;
-  static constexpr int kRows = Traits<HeadDim>::kBlockK / kRowsPerPass;
-  static_assert(kThreads % Traits<HeadDim>::kChunks == 0, "whole rows per pass");
-  CacheSlot slot[kRows];
-};
-
-// Where this thread's rows of key tile `tile` live. NOTES: with a paged cache
-// this reads the block table; it runs one tile ahead of the copies so the
-// table's latency hides behind a tile of math instead of stalling the issue.
-template <int HeadDim>
-__device__ __forceinline__ void resolve_rows(const KvCacheParams& p, const TileWork& t, int tile,
-                                             TileRows<HeadDim>& rows) {
-  const int keys = p.keys(t.b);
-#pragma unroll
-  for (int n = 0; n < TileRows<HeadDim>::kRows; ++n) {
-    const int j = tile * Traits<HeadDim>::kBlockK + threadIdx.x / Traits<HeadDim>::kChunks +
-                  n * TileRows<HeadDim>::kRowsPerPass;
-    rows.slot[n] = j < keys ? cache_slot(p, t.b, j) : CacheSlot{0, 0};
-  }
-}
-
-// Issues the cp.async copies of key tile `tile` (K and V rows) into a ring stage;
-// rows past the sequence and columns past the head dim are zero-filled.
-template <typename T, int HeadDim>
-__device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, int tile,
-                                          const TileRows<HeadDim>& rows, T* stage) {
+// Issues the cp.async copies of key tile `tile` (K and V rows) into a ring
+// stage; rows past the sequence, rows the source refuses and columns past the
+// head dim are zero-filled.
+template <typename T, int HeadDim, class Source>
+__device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, const Source& src,
+                                          const typename Source::Rows& rows, int tile, T* stage) {
   using Tr = Traits<HeadDim>;
   const AttentionParams& a = p.attn;
-  const int keys = p.keys(t.b), chunk = threadIdx.x % Tr::kChunks;
+  const int chunk = threadIdx.x % Tr::kChunks, key0 = threadIdx.x / Tr::kChunks;
   const bool column_ok = chunk * 8 < a.head_dim;
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
 #pragma unroll
-  for (int n = 0; n < TileRows<HeadDim>::kRows; ++n) {
-    const int key = threadIdx.x / Tr::kChunks + n * TileRows<HeadDim>::kRowsPerPass;
-    const bool valid = column_ok && tile * Tr::kBlockK + key < keys;
+  for (int n = 0; n < Tr::kRowsPerThread; ++n) {
+    const int key = key0 + n * Tr::kRowsPerPass, j = tile * Tr::kBlockK + key;
     int64_t k_off = 0, v_off = 0;
-    if (valid) {
-      k_off = slot_offset(rows.slot[n], t.hk, a.k_batch_stride, a.k_row_stride, a.k_head_stride) + chunk * 8;
-      v_off = slot_offset(rows.slot[n], t.hk, a.v_batch_stride, a.v_row_stride, a.v_head_stride) + chunk * 8;
-    }
+    const bool valid = column_ok && j < t.keys && src.offsets(rows, j, n, k_off, v_off);
     T* dst = stage + key * Tr::kRowElems + chunk * 8;
-    cp_async_16(smem_addr(dst), k + k_off, valid);
-    cp_async_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + v_off, valid);
+    cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid);
+    cp_async_row_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid);
   }
 }
 
-// The tile's packed q rows into shared memory (zeros past the rows and the head dim).
+// The tile's packed q rows into shared memory, 16 bytes at a time (q's rows
+// start 16-byte aligned: backend.cu checks q's strides and pointer; the rotated
+// copy is packed), zeros past the rows and the head dim.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void load_queries(const KvCacheParams& p, const Work& w, const TileWork& t,
                                              T* q_s) {
   using Tr = Traits<HeadDim>;
   const AttentionParams& a = p.attn;
-  for (int idx = threadIdx.x; idx < kMaxRows * HeadDim; idx += kThreads) {
-    const int r = idx / HeadDim, c = idx % HeadDim;
-    T x = from_float<T>(0.0f);
-    if (r < t.rows && c < a.head_dim) {
-      const int pr = t.row0 + r, i = pr / t.group, h = t.hk * t.group + pr % t.group;
-      const T* q = w.q_rotated != nullptr
-                       ? static_cast<const T*>(w.q_rotated) + ((int64_t{t.b} * a.seqlen_q + i) * a.heads_q + h) * a.head_dim
-                       : static_cast<const T*>(a.q) + t.b * a.q_batch_stride + i * a.q_row_stride + h * a.q_head_stride;
-      x = q[c];
-    }
-    q_s[r * Tr::kRowElems + c] = x;
+  for (int idx = threadIdx.x; idx < kMaxRows * Tr::kChunks; idx += kThreads) {
+    const int r = idx / Tr::kChunks, c = (idx % Tr::kChunks) * 8;
+    const bool valid = r < t.rows && c < a.head_dim;
+    const int pr = t.row0 + (valid ? r : 0), i = pr / t.group, h = t.hk * t.group + pr % t.group;
+    const T* q = w.q_rotated != nullptr
+                     ? static_cast<const T*>(w.q_rotated) + ((int64_t{t.b} * a.seqlen_q + i) * a.heads_q + h) * a.head_dim
+                     : static_cast<const T*>(a.q) + t.b * a.q_batch_stride + i * a.q_row_stride + h * a.q_head_stride;
+    cp_async_16(smem_addr(q_s + r * Tr::kRowElems + c), q + (valid ? c : 0), valid);
   }
 }
 
@@ -209,14 +110,20 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-    const T* row = k_s + (slice_key + nt * 8 + g) * Tr::kRowElems + 2 * tq;
+  }
+  // K rows are B = K^T in column-major order: ldmatrix.x4 (not transposed),
+  // lanes 8m..8m+7 addressing keys (m / 2) * 8 + 0..7 at columns (m % 2) * 8 of
+  // the k-step, gives b0, b1 of key n-tile 0 then of n-tile 1: one shared
+  // load per k-step instead of four.
+  const T* base = k_s + (slice_key + (lane / 16) * 8 + lane % 8) * Tr::kRowElems + ((lane / 8) % 2) * 8;
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-      mma_m16n8k16<T>(s[nt], ws.q[ks], lds32(row + ks * 16), lds32(row + ks * 16 + 8));
-    }
+  for (int ks = 0; ks < Tr::kKSteps; ++ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, smem_addr(base + ks * 16));
+    mma_m16n8k16<T>(s[0], ws.q[ks], b[0], b[1]);
+    mma_m16n8k16<T>(s[1], ws.q[ks], b[2], b[3]);
   }
   const AttentionParams& a = p.attn;
-  const MaskPolicy mask = p.mask(t.b);
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -224,7 +131,7 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
       const int r = g + (e >= 2 ? 8 : 0), j = key0 + nt * 8 + 2 * tq + (e & 1);
       float x = s[nt][e] * a.scale;
       if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-      const bool visible = r < t.rows && mask.visible((t.row0 + r) / t.group, j);
+      const bool visible = r < t.rows && t.mask.visible((t.row0 + r) / t.group, j);
       s[nt][e] = visible ? x * kLog2e : -INFINITY;
     }
   }
@@ -279,9 +186,10 @@ __device__ __forceinline__ void slice_pv(const float (&s)[2][4], int slice_key, 
   }
 }
 
-// The warps' slices merged (attention/state.h, unnormalised O) through the
-// drained ring, then the rows written: out and lse with one split, else the
-// normalised partial.
+// The warps' slices merged through the drained ring, then the rows written: out
+// and lse with one split, else the normalised partial. NOTES: the merged state
+// of each row and its slices' weights (merge_weight) are computed once per row,
+// so an element is a weighted sum of its slices' O.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w, const TileWork& t,
                                            const WarpState<HeadDim>& ws, float* scratch,
@@ -291,7 +199,9 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int slice = warp % Tr::kKeySlices, part = warp / Tr::kKeySlices;
   float* o_s = scratch;                                            // [slice][row][column]
-  float* ml_s = scratch + Tr::kKeySlices * kMaxRows * HeadDim;     // [slice][row][m, l]
+  float* ml_s = o_s + Tr::kKeySlices * kMaxRows * HeadDim;         // [slice][row][m, l]
+  float* weight_s = ml_s + Tr::kKeySlices * kMaxRows * 2;          // [slice][row]
+  float* lse_s = weight_s + Tr::kKeySlices * kMaxRows;             // [row]
 #pragma unroll
   for (int ot = 0; ot < Tr::kOTiles; ++ot) {
 #pragma unroll
@@ -309,17 +219,27 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < t.rows * a.head_dim; idx += kThreads) {
-    const int r = idx / a.head_dim, c = idx % a.head_dim;
-    float o = 0.0f;
+  if (threadIdx.x < kMaxRows) {
+    const int r = threadIdx.x;
     RowState st = RowState::empty();
     for (int sl = 0; sl < Tr::kKeySlices; ++sl) {
       const float* ml = ml_s + (sl * kMaxRows + r) * 2;
-      merge(&o, st, &o_s[(sl * kMaxRows + r) * HeadDim + c], RowState{ml[0], ml[1]}, 1,
-            OutputForm::kUnnormalized);
+      st = merge_factors(st, RowState{ml[0], ml[1]}, OutputForm::kUnnormalized).merged;
     }
-    o = st.l > 0.0f ? o / st.l : 0.0f;
-    float lse = st.lse();
+    for (int sl = 0; sl < Tr::kKeySlices; ++sl) {
+      weight_s[sl * kMaxRows + r] = merge_weight(st, ml_s[(sl * kMaxRows + r) * 2]);
+    }
+    lse_s[r] = st.lse();
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < t.rows * a.head_dim; idx += kThreads) {
+    const int r = idx / a.head_dim, c = idx % a.head_dim;
+    float o = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < Tr::kKeySlices; ++sl) {
+      o += weight_s[sl * kMaxRows + r] * o_s[(sl * kMaxRows + r) * HeadDim + c];
+    }
+    float lse = lse_s[r];
     if (poisoned) o = lse = NAN;
     const int pr = t.row0 + r, i = pr / t.group, h = t.hk * t.group + pr % t.group;
     if (w.splits == 1) {
@@ -333,37 +253,11 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
   }
 }
 
+// Q as the warp's mma A fragments, O zero, the softmax state empty.
 template <typename T, int HeadDim>
-__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams p, const Work w) {
+__device__ __forceinline__ void init_warp(const T* q_s, WarpState<HeadDim>& ws) {
   using Tr = Traits<HeadDim>;
-  extern __shared__ __align__(16) uint8_t smem[];
-  T* ring = reinterpret_cast<T*>(smem);
-  T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
-
-  const TileWork t = tile_work(p, w, Tr::kBlockK);
-  // Indices may have changed since the host checked them (graph replays): a
-  // split whose length or pages are out of range reads nothing and gives NaN.
-  const bool in_range = cache_length_valid(p, t.b) &&
-                        keys_addressable(p, t.b, t.tile_begin * Tr::kBlockK,
-                                         min(p.keys(t.b), t.tile_end * Tr::kBlockK), threadIdx.x, kThreads);
-  const bool poisoned = !__syncthreads_and(in_range);
-  const int tiles = poisoned ? 0 : t.tile_end - t.tile_begin;
-  constexpr int kStageElems = Tr::kStageBytes / 2;
-  TileRows<HeadDim> rows;
-  for (int s = 0; s < Tr::kStages - 1; ++s) {
-    if (s < tiles) {
-      resolve_rows(p, t, t.tile_begin + s, rows);
-      load_tile<T, HeadDim>(p, t, t.tile_begin + s, rows, ring + s * kStageElems);
-    }
-    cp_async_commit();
-  }
-  if (Tr::kStages - 1 < tiles) resolve_rows(p, t, t.tile_begin + Tr::kStages - 1, rows);
-  load_queries<T, HeadDim>(p, w, t, q_s);
-  __syncthreads();
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int slice = warp % Tr::kKeySlices, column0 = (warp / Tr::kKeySlices) * Tr::kColumns;
-  WarpState<HeadDim> ws;
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < Tr::kKSteps; ++ks) {
     const T* q = q_s + ks * 16 + 2 * tq;
@@ -379,14 +273,60 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   }
   ws.m[0] = ws.m[1] = -INFINITY;
   ws.l[0] = ws.l[1] = 0.0f;
+}
 
+// NOTES: cp.async groups, oldest first: q, then one per key tile. The ring
+// holds kStages tiles, kStages - 1 in flight while one is read; the next
+// tile's source rows (block-table entries) are fetched a tile ahead.
+//
+// Indices may have changed since the host checked them (graph replays): a
+// sequence whose length or cache row is out of range reads nothing, a page
+// outside the pool is not read; either gives NaN rows.
+template <typename T, int HeadDim, template <int> class Source>
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams p, const Work w) {
+  using Tr = Traits<HeadDim>;
+  using Src = Source<HeadDim>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  T* ring = reinterpret_cast<T*>(smem);
+  T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
+  // Launched early behind the kernel before it (api.cu), this CTA reads
+  // nothing until that kernel's writes (q, lengths, pages, cache rows) are
+  // visible; then the combine kernel may take free slots and wait in turn.
+  wait_for_prior_grid();
+  allow_dependent_launch();
+
+  const TileWork t = tile_work(p, w, Tr::kBlockK);
+  Src src(p, w, t);
+  const bool readable = t.length_ok && src.indices_ok();
+  const int tiles = readable ? t.tile_end - t.tile_begin : 0;
+  constexpr int kStageElems = Tr::kStageBytes / 2;
+  typename Src::Rows rows;
+  if (tiles > 0) src.fetch(t.tile_begin, rows);
+  load_queries<T, HeadDim>(p, w, t, q_s);
+  cp_async_commit();
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < tiles) {
+      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + s, ring + s * kStageElems);
+      if (s + 1 < tiles) src.fetch(t.tile_begin + s + 1, rows);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<Tr::kStages - 1>();  // q landed
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32;
+  const int slice = warp % Tr::kKeySlices, column0 = (warp / Tr::kKeySlices) * Tr::kColumns;
+  WarpState<HeadDim> ws;
+  init_warp<T, HeadDim>(q_s, ws);
   for (int it = 0; it < tiles; ++it) {
     cp_async_wait<Tr::kStages - 2>();
     __syncthreads();  // tile `it` landed for every thread; the stage read last turn is free
     const int ahead = it + Tr::kStages - 1;
-    if (ahead < tiles) load_tile<T, HeadDim>(p, t, t.tile_begin + ahead, rows, ring + (ahead % Tr::kStages) * kStageElems);
+    if (ahead < tiles) {
+      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead, ring + (ahead % Tr::kStages) * kStageElems);
+      if (ahead + 1 < tiles) src.fetch(t.tile_begin + ahead + 1, rows);
+    }
     cp_async_commit();
-    if (ahead + 1 < tiles) resolve_rows(p, t, t.tile_begin + ahead + 1, rows);
     const T* k_s = ring + (it % Tr::kStages) * kStageElems;
     const int key0 = (t.tile_begin + it) * Tr::kBlockK + slice * Tr::kSliceKeys;
     float s[2][4];
@@ -395,36 +335,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
     slice_pv<T, HeadDim>(s, slice * Tr::kSliceKeys, column0, k_s + Tr::kBlockK * Tr::kRowElems, ws);
   }
   cp_async_wait<0>();
-  __syncthreads();
+  const bool poisoned = __syncthreads_or(!readable || src.saw_bad_index());
   write_rows<T, HeadDim>(p, w, t, ws, reinterpret_cast<float*>(smem), poisoned);
-}
-
-// Merges the splits' partials of one row (block) into out and lse.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const KvCacheParams p, const Work w) {
-  const AttentionParams& a = p.attn;
-  const int64_t row = blockIdx.x;  // (b, h, i)
-  const int i = static_cast<int>(row % a.seqlen_q);
-  const int h = static_cast<int>(row / a.seqlen_q % a.heads_q);
-  const int b = static_cast<int>(row / a.seqlen_q / a.heads_q);
-  const int64_t split_rows = int64_t{a.batch} * a.heads_q * a.seqlen_q;
-  for (int c = threadIdx.x; c < a.head_dim; c += kThreads) {
-    float o = 0.0f;
-    RowState st = RowState::empty();
-    for (int s = 0; s < w.splits; ++s) {
-      const int64_t at = s * split_rows + row;
-      const float os = w.partial_o[at * a.head_dim + c];
-      merge(&o, st, &os, RowState::from_lse(w.partial_lse[at]), 1, OutputForm::kNormalized);
-    }
-    static_cast<T*>(a.out)[b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride + c] = from_float<T>(o);
-    if (a.lse != nullptr && c == 0) a.lse[b * a.lse_batch_stride + h * a.lse_head_stride + i * a.lse_row_stride] = st.lse();
-  }
 }
 
 // Appends k_new (rotated) / v_new into the cache and writes the rotated q: one
 // block per (token row, sequence). Sequences with indices out of range write nothing.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) append_kernel(const KvCacheParams p, const Work w) {
+  allow_dependent_launch();  // the decode kernel may launch and wait for this one
   const AttentionParams& a = p.attn;
   const int i = blockIdx.x, b = blockIdx.y, d = a.head_dim;
   // Only the pages this block writes or reads (new tokens; rotated q reads none).

@@ -25,12 +25,20 @@ inline double wave_efficiency(long long n, long long slots) {
   return static_cast<double>(n) / static_cast<double>(waves * slots);
 }
 
+// The kernel gives each of n splits ceil(tiles / n) tiles, so only
+// ceil(tiles / ceil(tiles / n)) of them get any: n is tight when that is n
+// (31 splits of 64 tiles would leave 9 CTAs of each sequence and head idle).
+inline bool splits_are_tight(int n, int tiles) {
+  const int per_split = (tiles + n - 1) / n;
+  return (tiles + per_split - 1) / per_split == n;
+}
+
 // NOTES: CTAs without splitting = batch * heads_kv * query_tiles, against
 // kCtasPerSm * sm_count resident slots. Each split adds one partial (O, lse)
 // per packed row and a combine pass, and a split shorter than
 // kMinTilesPerSplit tiles spends more on its start than on its keys. Among the
-// allowed counts the fewest splits whose waves are within kWaveSlack of the
-// best count's efficiency win: 128 CTAs on 264 slots split 2 ways (one full
+// allowed tight counts the fewest splits whose waves are within kWaveSlack of
+// the best count's efficiency win: 128 CTAs on 264 slots split 2 ways (one full
 // wave), not 3 (a wave and a half).
 inline int choose_splits(const SplitShape& s) {
   const int tiles = std::max(1, (s.max_keys + s.block_keys - 1) / s.block_keys);
@@ -41,9 +49,11 @@ inline int choose_splits(const SplitShape& s) {
   if (ctas <= 0 || ctas >= slots) return 1;
   const int limit = std::max(1, std::min(most, tiles / kMinTilesPerSplit));
   double best = 0.0;
-  for (int n = 1; n <= limit; ++n) best = std::max(best, wave_efficiency(ctas * n, slots));
   for (int n = 1; n <= limit; ++n) {
-    if (wave_efficiency(ctas * n, slots) >= kWaveSlack * best) return n;
+    if (splits_are_tight(n, tiles)) best = std::max(best, wave_efficiency(ctas * n, slots));
+  }
+  for (int n = 1; n <= limit; ++n) {
+    if (splits_are_tight(n, tiles) && wave_efficiency(ctas * n, slots) >= kWaveSlack * best) return n;
   }
   return limit;
 }

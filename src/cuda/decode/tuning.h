@@ -23,13 +23,19 @@ constexpr int kMaxStages = 4;
 constexpr int kCtasPerSm = 2;
 // A split reads at least this many key tiles: fewer makes the combine's extra
 // traffic (one partial O per split) and the split's start (Q load, pipeline
-// fill) a visible fraction of the K/V read.
-constexpr int kMinTilesPerSplit = 4;
+// fill) a visible fraction of the K/V read. Measured on the H100 with the
+// parallel combine (docs/performance.md 3.6): at batch 1 x 4k keys 32 splits of
+// 2 tiles read 1171 GB/s against 1082 for 16 of 4.
+constexpr int kMinTilesPerSplit = 2;
 // The split count takes the fewest splits whose wave efficiency is within this
 // factor of the best count's (more splits only add partials to combine).
 constexpr double kWaveSlack = 0.95;
 // Upper bound on splits (workspace and combine loop length).
 constexpr int kMaxSplits = 64;
+// Splits whose partial O a combine thread loads before the merge weights are
+// known (float4 registers): all of them for 32 splits at head dim 128 (four
+// thread groups), so the O loads overlap the lse round trip.
+constexpr int kCombinePrefetch = 8;
 
 // Keys per K/V tile: 64 rows of up to 128 columns, 32 rows at head dim 256, so
 // one stage of K and V stays near 34 KiB (a multiple of the 16-key mma slice).

@@ -40,6 +40,11 @@ struct HostTileLists {
 // (FA_ERROR_UNSUPPORTED past 2^31 entries).
 fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, HostTileLists* out);
 
+// FA_ERROR_UNSUPPORTED (naming both) for a block mask with dropout: the sm80
+// walks and the dropout policy compose in the kernels' code, but neither
+// kernel is instantiated with both (build time: the CPU backend runs them).
+fa_status refuse_block_mask_dropout(const AttentionParams& p);
+
 // The device copy of one launch's BlockTiles: one kept from an earlier call
 // with the same mask and launch (block_tiles.cu, TileCache), or built now.
 class BlockTileBuffer {

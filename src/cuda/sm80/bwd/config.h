@@ -40,7 +40,9 @@ namespace flashattn::cuda::bwd {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
-template <int D>
+// kBlockSparse: the block-sparse walk's instantiation (query_walk.cuh,
+// ListedQueries); the others are the same for both.
+template <int D, bool kBlockSparse = false>
 struct Config {
   static constexpr int kHeadDim = D;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -57,7 +59,11 @@ struct Config {
   // Column slices of the S/dP warp tile and of the dQ tile (each slice is
   // finished before the next): fewer live accumulators for more ldmatrix.
   static constexpr int kSdpSplits = kSm80Tight ? 2 : 1;
-  static constexpr int kDqSplits = D == 256 || kSm80Tight ? 2 : 1;
+  // Block-sparse, D 256: dQ in four slices. The walk's state (its lists, the
+  // slice's listed pairs, the deterministic predecessor) on top of the dense
+  // kernel's 255 registers spilled 8-20 bytes in either build (sm_80, sm_90a)
+  // however placed; four slices leave 253-254 registers and no spill.
+  static constexpr int kDqSplits = kBlockSparse && D == 256 ? 4 : D == 256 || kSm80Tight ? 2 : 1;
   // Shared-memory rows are padded by one 16-byte chunk: a row of C chunks then
   // starts C+1 chunks after the previous one, and with C+1 odd the 8 rows an
   // ldmatrix reads land on 8 distinct bank groups (conflict-free) for every D.

@@ -5,6 +5,7 @@
 // query_begin/query_end) for every query head of its group. Per query tile:
 //   S  = Q K^T            (registers)      dP = dO V^T   (registers)
 //   P  = exp(S - lse)     dS = P * (dP - D) * softcap'(S)
+//   (dropout: P z into the P tile, dS = P (z dP - D) * softcap'(S))
 //   P, dS -> shared memory (16-bit)
 //   dV += P^T dO          dK += dS^T Q     (registers, all iterations)
 //   dQ_part = dS K        -> added into the f32 dQ accumulator in the workspace
@@ -62,10 +63,11 @@
 #include "cuda/common/flags.h"
 #include "cuda/common/launch_env.h"
 #include "cuda/common/mma.h"
-#include "cuda/sm80/bwd/config.h"
-#include "cuda/sm80/block_sparse.cuh"
 #include "cuda/sm80/block_tiles.h"
+#include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
+#include "cuda/sm80/bwd/query_walk.cuh"
+#include "cuda/sm80/dropout.cuh"
 
 namespace flashattn::cuda::bwd {
 
@@ -255,24 +257,29 @@ struct ScoreArgs {
   int m0, n0, g, t;  // warp tile origin, lane coordinates
   int q0, k0, seqlen_q, seqlen_k;
   MaskPolicy mask;
-  const uint32_t* block_bits;  // block mask: the query head's ListedBlocks rows, else null
-  int block_q, block_k, block_words;
+  Dropout drop;  // attention/dropout.h (kDropout only)
 };
 
-// Which score modifiers the per-element code applies: none, softcap, or any
-// (softcap when a.softcap > 0, and ALiBi): the first two keep their own
-// bodies, so runs without ALiBi execute the same instructions as before it.
-enum class ScoreMode { kPlain, kSoftcap, kAny };
+// Which score modifiers the per-element code applies: none, softcap, any
+// (softcap when a.softcap > 0, and ALiBi), or any with dropout: the first two
+// keep their own bodies, so runs without ALiBi or dropout execute the same
+// instructions as before them.
+enum class ScoreMode { kPlain, kSoftcap, kAny, kDropout };
 
 // P = exp(S - lse), dS = P * (dP - D) * softcap'(S) from the S and dP
 // accumulators of one warp, stored as 16-bit into the shared P and dS tiles.
 // ALiBi adds its bias to the logit (its derivative is 1: dS is unchanged).
+// Dropout (z = keep / (1 - p)): the P tile holds P z (dV += (P z)^T dO) and
+// dS = P (z dP - D) (attention/dropout.h).
 // full: every (row, key) of the tile is visible; else each row's visible keys
-// [lo, hi) come from the MaskPolicy.
-template <ScoreMode kMode, int PS, typename T, int MT, int NT>
+// [lo, hi) come from the MaskPolicy, and pairs drops those a block mask does
+// not list (query_walk.cuh; none without one). keep: the dropout keep bits of
+// rows g, g + 8 of each m16 tile (dropout.cuh; read by kDropout only).
+template <ScoreMode kMode, int PS, typename T, int MT, int NT, class Pairs>
 __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
                                                const float (&acc_dp)[MT][NT][4],
-                                               const ScoreArgs& a, bool full) {
+                                               const ScoreArgs& a, bool full, const uint32_t (&keep)[MT][2],
+                                               const Pairs& pairs) {
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
@@ -289,16 +296,12 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
         // Visible keys of this row, relative to the tile: [lo, hi).
         const int lo = max(a.mask.first_key(i), 0) - a.k0;
         const int hi = i < a.seqlen_q ? min(a.mask.end_key(i), a.seqlen_k) - a.k0 : lo;
-        // With a block mask, keys of blocks this row's query block does not list too.
-        const uint32_t* listed =
-            a.block_bits != nullptr && i < a.seqlen_q ? a.block_bits + (i / a.block_q) * a.block_words : nullptr;
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = a.n0 + ni * 8 + 2 * a.t + e;
-            if (c < lo || c >= hi || (listed != nullptr && !sm80::ListedBlocks::listed(listed, (a.k0 + c) / a.block_k)))
-              acc_s[mi][ni][half * 2 + e] = -INFINITY;
+            if (c < lo || c >= hi || !pairs.listed(mi, half, 2 * ni + e)) acc_s[mi][ni][half * 2 + e] = -INFINITY;
           }
       }
 #pragma unroll
@@ -313,7 +316,7 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
             const float th = tanhf(x * a.inv_cap);
             pr = x == -INFINITY ? 0.0f : fast_exp2(a.softcap * th * kLog2e - lse_log2);
             dcap = 1.0f - th * th;
-          } else if constexpr (kMode == ScoreMode::kAny) {
+          } else if constexpr (kMode == ScoreMode::kAny || kMode == ScoreMode::kDropout) {
             // logit * log2 e = softcap(scale x) log2 e + bias log2 e
             float logit2 = x * a.scale_log2;
             if (a.softcap > 0.0f) {
@@ -326,8 +329,14 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
           } else {
             pr = fast_exp2(x * a.scale_log2 - lse_log2);  // exp2(-inf) = 0 where masked
           }
+          float dp = acc_dp[mi][ni][half * 2 + e];
           pv[e] = pr;
-          dsv[e] = pr * (acc_dp[mi][ni][half * 2 + e] - row_d) * dcap;
+          if constexpr (kMode == ScoreMode::kDropout) {
+            const float z = sm80::dropout_factor(keep[mi][half], 2 * ni + e, a.drop.scale);
+            pv[e] = pr * z;
+            dp *= z;
+          }
+          dsv[e] = pr * (dp - row_d) * dcap;
         }
         st_shared_b32(a.p + 2u * (r * PS + c), MmaType<T>::pack(pv[0], pv[1]));
         st_shared_b32(a.ds + 2u * (r * PS + c), MmaType<T>::pack(dsv[0], dsv[1]));
@@ -337,13 +346,6 @@ __device__ __forceinline__ void scores_to_p_ds(float (&acc_s)[MT][NT][4],
 }
 
 // ---------------------------------------------------------------- kernel
-
-// A step of a key tile's walk: query head h, query tile m; full: no pair of
-// the tile is cut by the block mask (always, without one).
-struct QueryStep {
-  int h, m;
-  bool full;
-};
 
 template <int D>
 struct SharedLayout {
@@ -357,10 +359,13 @@ struct SharedLayout {
   static constexpr int bytes(int stages) { return kFixedBytes + stages * kStageBytes; }
 };
 
-template <int D, typename T>
+// Drop: sm80::NoDropout or sm80::PhiloxDropout (dropout.cuh); Walk:
+// DenseQueries, or ListedQueries with a block mask (query_walk.cuh; `tiles`,
+// else unread). Both chosen at launch.
+template <int D, typename T, class Drop, class Walk>
 __global__ void __launch_bounds__(kThreads, 1)
-    backward_main_kernel(const AttentionParams p, const Workspace ws, int stages, const sm80::BlockTiles tiles) {
-  using C = Config<D>;
+    backward_main_kernel(const AttentionParams p, const Workspace ws, int stages, const typename Walk::Tiles tiles) {
+  using C = Config<D, Walk::kListed>;
   using L = SharedLayout<D>;
   constexpr int BM = C::kBlockM, BN = C::kBlockN, RS = C::kRowStride, PS = C::kPStride;
   // Warp tiles of the three output shapes.
@@ -396,28 +401,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = p.group_size();
   const int m_begin = mask.query_begin(k0) / BM;
   const int m_end = (mask.query_end(k0 + kv_rows) + BM - 1) / BM;
-  const int n_m = max(0, m_end - m_begin);
-  // Walk step `it`: (query head, query tile) it / n_m, m_begin + it % n_m of
-  // the group; with a block mask only the listed ones (block_sparse.cuh).
-  const bool sparse = p.has_block_mask();
-  const sm80::ListedQueryTiles listed{tiles.query_tiles, p.block_mask, b, hk * group, group, n_tile, m_begin,
-                                      max(m_begin, m_end)};
-  const int iters = sparse ? listed.count() : n_m * group;
-  const auto step = [&](int it) {
-    QueryStep s{hk * group + it / n_m, m_begin + it % n_m, true};
-    if (sparse) {
-      int32_t entry = 0;
-      listed.locate(it, &s.h, &entry);
-      s.m = sm80::TileList::index(entry);
-      s.full = sm80::TileList::full(entry);
-    }
-    return s;
-  };
+  // The (query head, query tile) steps of this key tile (query_walk.cuh).
+  const typename Walk::Cta walk(p, tiles, WalkPlace{b, hk, group, n_tile, m_begin, m_end});
+  const int iters = walk.count();
 
   const T* gq = static_cast<const T*>(p.q);
   const T* gdo = static_cast<const T*>(p.dout);
-  // K and V of this tile: loaded once (not at all when no query tile sees it).
-  if (iters > 0) {
+  // K and V of this tile: loaded once (with a block mask, not at all when no
+  // query tile lists it).
+  if (!Walk::kListed || iters > 0) {
     load_rows_async<BN, D, RS>(sK,
                                static_cast<const T*>(p.k) +
                                    row_offset(b, seq.row_k, k0, hk, p.k_batch_stride,
@@ -431,8 +423,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cp_async_commit();
 
-  // Issues the loads of a step (query head, query tile) into `stage`.
-  auto load_stage = [&](const QueryStep& s, int stage) {
+  // Issues the loads of step `it` (query head, query tile) into `stage`.
+  auto load_stage = [&](int it, int stage) {
+    const QueryStep s = walk.step(it);
     const int h = s.h;
     const int q0 = s.m * BM;
     const int rows = min(BM, seq.seqlen_q - q0);
@@ -463,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   zero(acc_dk);
   zero(acc_dv);
 
-  if (iters > 0) load_stage(step(0), 0);
+  if (iters > 0) load_stage(0, 0);
   cp_async_commit();
 
   const float scale_log2 = ws.scale_log2;
@@ -489,17 +482,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // tile it here, after the barrier that closed tile it-1.
     const int stage = stages == 2 ? (it & 1) : 0;
     if (stages == 1 && it > 0) {
-      load_stage(step(it), 0);
+      load_stage(it, 0);
       cp_async_commit();
     }
     cp_async_wait<0>();
     __syncthreads();
     if (stages == 2 && it + 1 < iters) {
-      load_stage(step(it + 1), (it + 1) & 1);
+      load_stage(it + 1, (it + 1) & 1);
       cp_async_commit();
     }
 
-    const QueryStep here = step(it);
+    const QueryStep here = walk.step(it);
     const int h = here.h;
     const int m = here.m;
     const int q0 = m * BM;
@@ -512,26 +505,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S = Q K^T, dP = dO V^T, in kSdpSplits column slices of the warp tile
     // (see config.h), each turned into P and dS before the next.
     const bool full = mask.tile_fully_visible(q0, q0 + BM, k0, k0 + BN) && here.full;
-    const int64_t list_row = sm80::BlockTiles::list_row(p.block_mask, b, h);
-    const uint32_t* block_bits =
-        sparse && tiles.blocks.bits != nullptr ? tiles.blocks.row_bits(p.block_mask, list_row, 0) : nullptr;
+    // Deterministic mode: the key tile whose dQ share of (h, m) this one's
+    // follows (see NOTES; with a block mask the next-higher one listing it,
+    // found here, before the products' registers are live).
+    const int n_before = walk.key_tile_before(p, h, m, n_tile, (seq.seqlen_k + BN - 1) / BN);
 #pragma unroll
     for (int split = 0; split < C::kSdpSplits; ++split) {
       const int n0 = sdp_n0 + split * kSdpCols;
       float acc_s[kSdpMT][kSdpNT][4], acc_dp[kSdpMT][kSdpNT][4];
+      // Dropout keep bits of the slice (dropout.cuh), before S and dP are live
+      // (after them, and with the Philox calls rolled, d 256 spilled).
+      uint32_t keep[kSdpMT][2];
+      if constexpr (Drop::kOn) {
+#pragma unroll
+        for (int mi = 0; mi < kSdpMT; ++mi)
+          sm80::dropout_keep_bits<kSdpNT>(p.dropout, b * p.heads_q + h, q0 + sdp_m0 + mi * 16 + g, k0 + n0, t,
+                                          keep[mi]);
+      }
+      // With a block mask, which of the slice's pairs it lists: also before S and dP.
+      const auto pairs =
+          walk.template slice_pairs<kSdpMT, kSdpNT>(h, q0 + sdp_m0 + g, k0 + n0 + 2 * t, here.full, seq);
       zero(acc_s);
       zero(acc_dp);
       warp_gemm2<kSdpMT, kSdpNT, D, false, false, T>(acc_s, acc_dp, aQ + 2u * sdp_m0 * RS,
                                                      adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
                                                      aV + 2u * n0 * RS, RS, lane);
       // Masking, softcap and ALiBi are runtime options; the per-element code
-      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only.
+      // is specialized by ScoreMode (plain, softcap, any with ALiBi) only;
+      // dropout is the kernel's Drop policy (kDropout, softcap and ALiBi at run time).
       const ScoreArgs sa{p.softcap, inv_cap, scale_log2, alibi_log2(h), aLse, aD, aP, adS, sdp_m0, n0,
-                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask, block_bits,
-                         p.block_mask.block_q, p.block_mask.block_k, tiles.blocks.words};
-      if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full);
-      else if (softcap) scores_to_p_ds<ScoreMode::kSoftcap, PS, T>(acc_s, acc_dp, sa, full);
-      else scores_to_p_ds<ScoreMode::kPlain, PS, T>(acc_s, acc_dp, sa, full);
+                         g, t, q0, k0, seq.seqlen_q, seq.seqlen_k, mask, p.dropout};
+      if constexpr (Drop::kOn) scores_to_p_ds<ScoreMode::kDropout, PS, T>(acc_s, acc_dp, sa, full, keep, pairs);
+      else if (alibi) scores_to_p_ds<ScoreMode::kAny, PS, T>(acc_s, acc_dp, sa, full, keep, pairs);
+      else if (softcap) scores_to_p_ds<ScoreMode::kSoftcap, PS, T>(acc_s, acc_dp, sa, full, keep, pairs);
+      else scores_to_p_ds<ScoreMode::kPlain, PS, T>(acc_s, acc_dp, sa, full, keep, pairs);
     }
     __syncthreads();
 
@@ -553,15 +560,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         warp_gemm<kDqMT, kDqNT, BN, false, true, T>(acc_dq, adS + 2u * dq_m0 * PS, PS,
                                                     aK + 2u * col0, RS, lane);
         // Deterministic mode: the same atomics in a fixed order (see NOTES):
-        // wait for the next-higher key tile that sees this query tile to publish.
-        // With a block mask that is the next-higher key tile listing it: the
-        // wait below is for "the tile after" the one before it.
-        if (split == 0 && p.deterministic) {
-          const int n_before = sparse ? sm80::next_key_tile(tiles.key_tiles, list_row, m, n_tile,
-                                                            (seq.seqlen_k + BN - 1) / BN) - 1
-                                      : n_tile;
-          wait_for_predecessor(p, ws, mask, b, h, m, n_before, BM, BN, seq.seqlen_k);
-        }
+        // wait for the next-higher key tile that sees this query tile to publish
+        // (the wait is for "the tile after" n_before).
+        if (split == 0 && p.deterministic) wait_for_predecessor(p, ws, mask, b, h, m, n_before, BM, BN, seq.seqlen_k);
 #pragma unroll
         for (int mi = 0; mi < kDqMT; ++mi)
 #pragma unroll
@@ -610,6 +611,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
+// Launches backward_main_kernel<D, T, Drop, Walk> over `grid` on p.stream.
+template <int D, typename T, class Drop, class Walk>
+fa_status launch_main(const AttentionParams& p, const Workspace& ws, dim3 grid, int stages, int bytes,
+                      const typename Walk::Tiles& tiles) {
+  auto kernel = backward_main_kernel<D, T, Drop, Walk>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) {
+    return fail(FA_ERROR_DEVICE, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err));
+  }
+  kernel<<<grid, kThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p, ws, stages, tiles);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return fail(FA_ERROR_DEVICE, std::string("backward kernel launch: ") + cudaGetErrorString(err));
+  }
+  return FA_OK;
+}
+
 template <int D, typename T>
 fa_status run_main(const AttentionParams& p, const Workspace& ws) {
   using C = Config<D>;
@@ -626,21 +644,18 @@ fa_status run_main(const AttentionParams& p, const Workspace& ws) {
                                           " bytes of shared memory; the device has " +
                                           std::to_string(optin));
   }
-  auto kernel = backward_main_kernel<D, T>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) {
-    return fail(FA_ERROR_DEVICE, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err));
-  }
   const dim3 grid((p.seqlen_k + C::kBlockN - 1) / C::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;
-  sm80::BlockTileBuffer block_tiles;
-  FA_RETURN_IF_ERROR(block_tiles.build(p, C::kBlockM, C::kBlockN, sm80::BlockWalk::kBackward));
-  kernel<<<grid, kThreads, bytes, static_cast<cudaStream_t>(p.stream)>>>(p, ws, stages, block_tiles.view());
-  err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return fail(FA_ERROR_DEVICE, std::string("backward kernel launch: ") + cudaGetErrorString(err));
+  // Dropout and block masks run their own instantiations: the kernel without
+  // them is unchanged. Both together are refused (block_tiles.h).
+  if (p.has_block_mask()) {
+    FA_RETURN_IF_ERROR(sm80::refuse_block_mask_dropout(p));
+    sm80::BlockTileBuffer block_tiles;
+    FA_RETURN_IF_ERROR(block_tiles.build(p, C::kBlockM, C::kBlockN, sm80::BlockWalk::kBackward));
+    return launch_main<D, T, sm80::NoDropout, ListedQueries>(p, ws, grid, stages, bytes, block_tiles.view());
   }
-  return FA_OK;
+  if (p.has_dropout()) return launch_main<D, T, sm80::PhiloxDropout, DenseQueries>(p, ws, grid, stages, bytes, {});
+  return launch_main<D, T, sm80::NoDropout, DenseQueries>(p, ws, grid, stages, bytes, {});
 }
 
 }  // namespace flashattn::cuda::bwd

@@ -35,6 +35,7 @@
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/sm80/block_sparse.cuh"
+#include "cuda/sm80/dropout.cuh"
 #include "cuda/sm80/fwd/epilogue.cuh"
 #include "cuda/sm80/fwd/key_walk.cuh"
 #include "cuda/sm80/fwd/loads.cuh"
@@ -48,8 +49,9 @@ namespace flashattn::cuda::sm80 {
 // The forward kernel for kernel head dim kD (>= p.head_dim), element type T,
 // tile shape Cfg: ForwardTuning<kD> in the library (launch.cuh);
 // a benchmark can instantiate others to compare shapes in one process.
+// Drop: NoDropout or PhiloxDropout (dropout.cuh), chosen at launch.
 // Walk: DenseKeys, or ListedKeys with a block mask (`tiles`, else unread).
-template <int kD, typename T, class Cfg, class Walk = DenseKeys>
+template <int kD, typename T, class Cfg, class Drop = NoDropout, class Walk = DenseKeys>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     forward_kernel(const AttentionParams p, int m_blocks, const typename Walk::Tiles tiles) {
   using K = FwdTraits<kD, Cfg>;
@@ -111,15 +113,18 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     // the first mma and the last exp2, so the compiler interleaves freely.
     // NOTES: a runtime `if` around the mask inside one body split it into
     // basic blocks; two bodies measured faster (docs/performance.md).
+    // With dropout, both take the tile's keep bits (computed before S is live).
+    const auto z =
+        Drop::template tile<K>(p.dropout, cta.b * p.heads_q + cta.h, cta.m0 + th.warp_row + th.g, n0 + th.key_off, th.t);
     Scores<K> s;
     if (needs_mask<K>(p, cta, softcap, n0) || (Walk::kListed && Walk::partial(tiles, cta, j))) {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
       mask_scores<K>(s, p, cta, th, softcap, n0 + th.key_off);
       if (Walk::kListed && Walk::partial(tiles, cta, j)) Walk::template drop_unlisted<K>(s, th, j);
-      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
+      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th, z);
     } else {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
-      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th);
+      online_softmax<K, T>(s, row_max, row_sum, acc, pk, scale_log2, th, z);
     }
     if constexpr (K::kPairSplit) share_p<K>(pk, th);
 

@@ -16,16 +16,16 @@
 
 namespace flashattn::cuda::sm80 {
 
-// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg
-// and key walk Walk (key_walk.cuh) on p.stream.
-template <int kD, typename T, class Cfg, class Walk>
-fa_status launch_forward_walk(const AttentionParams& p, const typename Walk::Tiles& tiles) {
+// Launches the kernel for head dim kD (>= p.head_dim) with tile shape Cfg,
+// dropout policy Drop (dropout.cuh) and key walk Walk (key_walk.cuh) on p.stream.
+template <int kD, typename T, class Cfg, class Drop, class Walk>
+fa_status launch_forward_kernel(const AttentionParams& p, const typename Walk::Tiles& tiles) {
   const int m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t ctas = static_cast<int64_t>(m_blocks) * p.heads_q * p.batch;
   if (ctas == 0) return FA_OK;
   if (ctas > 0x7fffffff) return fail(FA_ERROR_UNSUPPORTED, "too many query blocks for one launch");
   constexpr int kSmem = forward_smem_bytes<Cfg>(kD) + Walk::template smem_bytes<Cfg>();
-  auto kernel = forward_kernel<kD, T, Cfg, Walk>;
+  auto kernel = forward_kernel<kD, T, Cfg, Drop, Walk>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -42,14 +42,17 @@ fa_status launch_forward_walk(const AttentionParams& p, const typename Walk::Til
   return FA_OK;
 }
 
-// With a block mask, its tile lists for this tile shape go to the device
-// first (freed, stream-ordered, after the launch) and the kernel walks them.
-template <int kD, typename T, class Cfg>
+// ListedKeys: the block mask's tile lists for this tile shape go to the
+// device first (freed, stream-ordered, after the launch) and the kernel walks them.
+template <int kD, typename T, class Cfg, class Drop, class Walk>
 fa_status launch_forward_with(const AttentionParams& p) {
-  if (!p.has_block_mask()) return launch_forward_walk<kD, T, Cfg, DenseKeys>(p, DenseKeys::Tiles{});
-  BlockTileBuffer tiles;
-  FA_RETURN_IF_ERROR(tiles.build(p, Cfg::kBlockM, Cfg::kBlockN, BlockWalk::kForward));
-  return launch_forward_walk<kD, T, Cfg, ListedKeys>(p, tiles.view());
+  if constexpr (Walk::kListed) {
+    BlockTileBuffer tiles;
+    FA_RETURN_IF_ERROR(tiles.build(p, Cfg::kBlockM, Cfg::kBlockN, BlockWalk::kForward));
+    return launch_forward_kernel<kD, T, Cfg, Drop, Walk>(p, tiles.view());
+  } else {
+    return launch_forward_kernel<kD, T, Cfg, Drop, Walk>(p, typename Walk::Tiles{});
+  }
 }
 
 // A tile shape with its warps in the plain layout (no pair split).
@@ -58,19 +61,32 @@ struct WithoutPairSplit : Cfg {
   static constexpr bool kPairSplit = false;
 };
 
-template <int kD, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  using Cfg = ForwardTuning<kD>;
+// Tile shape Cfg, or its plain layout where the pair split does not fit.
+template <int kD, typename T, class Cfg, class Drop, class Walk>
+fa_status launch_forward_shape(const AttentionParams& p) {
   if constexpr (Cfg::kPairSplit) {
     // NOTES: the pair split's P exchange takes d 256 past the 99 KB of shared
     // memory a CTA gets on sm_86 / sm_89 (RTX 30/40, L40S); those run the
     // plain layout. FLASHATTN_FWD_NO_PAIR_SPLIT=1 forces it, so that it is
     // tested on any GPU (tests/gpu/test_cuda_forward.cpp); it is no tuning knob.
     if (env_switch("FLASHATTN_FWD_NO_PAIR_SPLIT") || forward_smem_bytes<Cfg>(kD) > current_device_smem_optin()) {
-      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>>(p);
+      return launch_forward_with<kD, T, WithoutPairSplit<Cfg>, Drop, Walk>(p);
     }
   }
-  return launch_forward_with<kD, T, Cfg>(p);
+  return launch_forward_with<kD, T, Cfg, Drop, Walk>(p);
+}
+
+// Dropout and block masks run their own instantiations (DropoutTuning's and
+// BlockSparseTuning's shapes): the kernel without them is the same code as
+// before they existed. Both together are refused (refuse_block_mask_dropout).
+template <int kD, typename T>
+fa_status launch_forward(const AttentionParams& p) {
+  if (p.has_block_mask()) {
+    FA_RETURN_IF_ERROR(refuse_block_mask_dropout(p));
+    return launch_forward_shape<kD, T, BlockSparseTuning<kD>, NoDropout, ListedKeys>(p);
+  }
+  if (p.has_dropout()) return launch_forward_shape<kD, T, DropoutTuning<kD>, PhiloxDropout, DenseKeys>(p);
+  return launch_forward_shape<kD, T, ForwardTuning<kD>, NoDropout, DenseKeys>(p);
 }
 
 }  // namespace flashattn::cuda::sm80

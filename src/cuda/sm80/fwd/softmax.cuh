@@ -117,10 +117,12 @@ __device__ __forceinline__ void pair_combine(float (&v)[K::kMT][2], bool sum, co
 }
 
 // Online softmax: m' = max(m, rowmax S); O *= 2^(m - m'); P = 2^(S - m').
-template <class K, typename T>
+// Dropout (z, dropout.cuh) multiplies P after the row sum: l and the lse are
+// those before dropout, O accumulates P z.
+template <class K, typename T, class Z>
 __device__ __forceinline__ void online_softmax(Scores<K>& s, float (&row_max)[K::kMT][2],
                                                float (&row_sum)[K::kMT][2], OAcc<K>& acc, PFrags<K>& pk,
-                                               float scale_log2, const FwdThread& th) {
+                                               float scale_log2, const FwdThread& th, const Z& z) {
   using Mma = MmaType<T>;
   float new_max[K::kMT][2];
 #pragma unroll
@@ -148,9 +150,10 @@ __device__ __forceinline__ void online_softmax(Scores<K>& s, float (&row_max)[K:
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < K::kNT; ++nt) {
-        const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
-        const float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
+        float p0 = fast_exp2(fmaf(s[mt][nt][2 * hf], scale_log2, -m_scaled));
+        float p1 = fast_exp2(fmaf(s[mt][nt][2 * hf + 1], scale_log2, -m_scaled));
         sum += p0 + p1;
+        z.apply(p0, p1, mt, nt, hf);
         pk[mt][nt / 2][hf + 2 * (nt % 2)] = Mma::pack(p0, p1);
       }
       row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;

@@ -75,6 +75,38 @@ struct ForwardTuning<192> : Sm80Tile<64, 64, 1> {};
 template <>
 struct ForwardTuning<256> : Sm80Tile<64, 64, 1, false, true, true> {};
 
+// With dropout: the tile's keep bits and the Philox rounds (dropout.cuh) need
+// registers on top of S and O. The shapes above that sit at 255 registers
+// spilled with them (sm_90a build, -Xptxas -v): d 64 and d 128 by 8..24 bytes
+// at 128 x 64, 128 x 32, 64 x 128 (two m16 tiles per warp, or 16 n8 tiles);
+// 64 x 64 (one m16 tile per warp) holds both without spills (201 / 243
+// registers). d 256 spilled 8 bytes at 64 x 64 and takes 32-key tiles. FA2
+// also runs dropout on narrower tiles. The rest keep their shape (d 96's
+// 64 x 128 spills 4 bytes in the sm_80 build, none in sm_90a).
+template <int HeadDim>
+struct DropoutTuning : ForwardTuning<HeadDim> {};
+template <>
+struct DropoutTuning<64> : Sm80Tile<64, 64, 2> {};
+template <>
+struct DropoutTuning<128> : Sm80Tile<64, 64, 2> {};
+template <>
+struct DropoutTuning<256> : Sm80Tile<64, 32, 1, false, true, true> {};
+
+// With a block mask (ListedKeys, key_walk.cuh): the masked body of a tile the
+// mask cuts reads a listed-bits word per row on top of the element mask. At
+// the dense shapes d 128 (128 x 64) spilled 112 bytes and d 64 (128 x 128) 20
+// bytes: two m16 tiles per warp keep twice the words and scores live. One m16
+// tile per warp (64 rows) holds them; kBlockN stays the dense one, so each
+// row meets its keys in the same tiles and a mask listing every block gives
+// the dense call's bits (tests/gpu/test_cuda_block_sparse.cpp). The rest keep
+// their shape.
+template <int HeadDim>
+struct BlockSparseTuning : ForwardTuning<HeadDim> {};
+template <>
+struct BlockSparseTuning<64> : Sm80Tile<64, 128, 2> {};
+template <>
+struct BlockSparseTuning<128> : Sm80Tile<64, 64, 2> {};
+
 // Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a
 // block of rows; each keeps S for its half of the keys and O for its half of
 // the head dim, so P and the row maxima (and, at the end, the row sums) cross
@@ -105,5 +137,8 @@ static_assert(forward_smem_bytes<ForwardTuning<96>>(96) <= kSm80MaxSmem, "smem")
 static_assert(forward_smem_bytes<ForwardTuning<128>>(128) <= kSm80MaxSmem, "smem");
 static_assert(forward_smem_bytes<ForwardTuning<192>>(192) <= kSm80MaxSmem, "smem");
 static_assert(forward_smem_bytes<ForwardTuning<256>>(256) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<DropoutTuning<256>>(256) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<BlockSparseTuning<64>>(64) <= kSm80MaxSmem, "smem");
+static_assert(forward_smem_bytes<BlockSparseTuning<128>>(128) <= kSm80MaxSmem, "smem");
 
 }  // namespace flashattn::cuda::sm80

@@ -19,11 +19,10 @@ bool supports_backward(const AttentionParams& p) {
   // Softcap: dS needs 1 - tanh^2 next to P; a second path in the kernel for it
   // made ptxas serialize the wgmmas (C7512) of every case: sm80 runs it.
   if (p.softcap > 0.0f) return false;
-  // ALiBi and sinks (docs/variants.md): the sm80 kernel runs them (dropout:
-  // no CUDA kernel yet, check_backward refuses it before this). Sinks need
-  // nothing of the main kernel (the lse holds them), but this kernel has not
-  // been tested with them.
-  if (p.has_alibi() || p.has_sinks() || p.has_dropout()) return false;
+  // Sinks need nothing of the main kernel (the lse holds them; their
+  // gradient is bwd/sinks.cu's pass); ALiBi is exp_scores_alibi. Dropout:
+  // the sm80 kernel runs it.
+  if (p.has_dropout()) return false;
   if (!BackwardHeadDims::exact(p.head_dim)) return false;
   // The forward's checks (dtype, non-empty, int32 TMA coordinates, device 9.0)
   // hold for the backward's tensors too: dout/dq/dk/dv share q/k/v's shapes.

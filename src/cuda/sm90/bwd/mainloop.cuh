@@ -207,6 +207,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   ConsumerOperands op;
   op.build<K>(sm, th);
   const float scale_log2 = ws.scale_log2;
+  const bool alibi = p.has_alibi();
 
   float dk[K::kDvN / 2], dv[K::kDvN / 2];
 #pragma unroll
@@ -238,7 +239,13 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    exp_scores<K>(st, op.lse_base + row_off, scale_log2);
+    if (alibi) {
+      const AlibiScore alibi2{p.alibi_slope(cta.b, h) * kLog2e, cta.mask.diagonal_offset()};
+      exp_scores_alibi<K>(st, op.lse_base + row_off, scale_log2, alibi2, cta.w.k0 + th.key_r,
+                          q0 + th.q_col + 2 * th.quad, alibi_side<K>(q0, cta.w.k0, alibi2.diagonal_offset));
+    } else {
+      exp_scores<K>(st, op.lse_base + row_off, scale_log2);
+    }
     if (!full_tile) {
       int rel_lo[2], count[2];
       visible_spans(rel_lo, count, cta, th, q0);

@@ -1,6 +1,6 @@
 // The Hopper backward's softmax gradient on a consumer's S^T / dP^T
 // fragments (keys as rows, ConsumerThread's layout):
-//   P^T  = exp2(S^T * scale*log2e - lse*log2e)    (0 where masked)
+//   P^T  = exp2(S^T * scale*log2e + alibi*log2e - lse*log2e)    (0 where masked)
 //   dS^T = P^T * (dP^T - D)
 // and the 16-bit A fragments and [key][query] shared-memory tiles made of them.
 //
@@ -16,6 +16,7 @@
 #pragma once
 
 #include "attention/mask.h"
+#include "attention/score_mod.h"
 #include "core/numeric.h"
 #include "cuda/common/mma.h"
 #include "cuda/sm90/bwd/scheduler.cuh"
@@ -39,6 +40,54 @@ __device__ __forceinline__ void exp_scores(float (&st)[K::kSN / 2], uint32_t lse
       st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
     }
   }
+}
+
+// With ALiBi: P^T = exp2(S^T * scale_log2 + bias2(i, j) - lse2), bias2 the
+// ALiBi bias in base 2 (alibi2's slope is slope * log2 e). key0: this
+// thread's first key row (key_r); query0: its first query column
+// (q0 + q_col + 2 * quad), as in consume's element map; side: +1 when every
+// pair of the tile has j <= i + off, -1 when every pair has j >= i + off,
+// 0 when the diagonal crosses the tile.
+// NOTES: a second function chosen once per tile, not a zero-slope bias in
+// exp_scores: the plain loop keeps its code (SASS) when ALiBi is off. Off the
+// diagonal the bias is linear, -slope |i + off - j| = side slope (j - i - off)
+// = base_r - side slope c (c = i - query0, base_r per key row), an FFMA per
+// element instead of the integer distance and its I2F (as the forward's
+// alibi_key_tile).
+template <class K>
+__device__ __forceinline__ void exp_scores_alibi(float (&st)[K::kSN / 2], uint32_t lse_row, float scale_log2,
+                                                 const AlibiScore& alibi2, int key0, int query0, int side) {
+  fence_operands(st);
+  // bias2(i, e) of element e of accumulator tile i, then the exponentials.
+  auto apply = [&](auto&& bias2) {
+#pragma unroll
+    for (int i = 0; i < K::kSN / 8; ++i) {
+      const float2 lse2 = ld_shared_v2(lse_row + 32u * i);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, bias2(i, e) - ((e & 1) ? lse2.y : lse2.x)));
+    }
+  };
+  if (side != 0) {
+    const float sslope = static_cast<float>(side) * alibi2.slope;
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      base[r] = sslope * static_cast<float>(key0 + 8 * r - query0 - alibi2.diagonal_offset);
+    apply([&](int i, int e) { return fmaf(-sslope, static_cast<float>(8 * i + (e & 1)), base[e >> 1]); });
+  } else {
+    apply([&](int i, int e) { return alibi2.bias<float>(query0 + 8 * i + (e & 1), key0 + 8 * (e >> 1)); });
+  }
+}
+
+// The side of the diagonal i + off = j that the whole (query tile q0, key
+// tile k0) lies on, for exp_scores_alibi: +1 below (j <= i + off), -1 above,
+// 0 across.
+template <class K>
+__device__ __forceinline__ int alibi_side(int q0, int k0, int off) {
+  if (k0 + K::kBlockN - 1 <= q0 + off) return 1;
+  if (q0 + K::kBlockM - 1 + off <= k0) return -1;
+  return 0;
 }
 
 // Boundary tile: key j sees queries [query_begin(j), query_end(j + 1)) of the

@@ -1,0 +1,94 @@
+"""Dropout's cost on the CUDA kernels (docs/variants.md, "Dropout in the sm80 kernels").
+
+For each shape (bf16, 16 heads, TOKENS tokens per batch, d 128 by default) and mask, times
+flashattn.flash_attn_func forward and forward + backward (autograd, as bench_attention.py
+--backward) in four configurations:
+  sm80        FLASHATTN_DISABLE_SM90=1, no dropout
+  sm80+drop   FLASHATTN_DISABLE_SM90=1, dropout_p = P
+  hopper      the default dispatch (the Hopper kernels on an H100), no dropout
+  hopper+drop the default dispatch with dropout_p = P (the dispatcher sends it to sm80)
+Each time is the median of ROUNDS rounds of triton.testing.do_bench medians (warmup 100 ms,
+rep 500 ms), the four configurations in a different order each round (timing_order.py).
+Prints a table with the ratios dropout / sm80 and dropout / hopper.
+
+    python3 bench/bench_dropout.py [--seqlens 2048,8192] [--masks none,causal] [--p 0.1]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import triton.testing
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, HERE)
+from timing_order import round_order  # noqa: E402
+
+import flashattn  # noqa: E402
+
+TOKENS = 16384
+HEADS = 16
+CONFIGS = ("sm80", "sm80+drop", "hopper", "hopper+drop")
+
+
+def time_ms(fn):
+    return triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median")
+
+
+def runner(config, q, k, v, dout, causal, p, backward):
+    """A zero-argument callable for one configuration (sets the dispatch switch itself)."""
+    sm80 = config.startswith("sm80")
+    drop = p if config.endswith("+drop") else 0.0
+
+    def run():
+        if sm80:
+            os.environ["FLASHATTN_DISABLE_SM90"] = "1"  # read by the library at every call
+        else:
+            os.environ.pop("FLASHATTN_DISABLE_SM90", None)
+        if backward:
+            flashattn.flash_attn_func(q, k, v, dropout_p=drop, causal=causal).backward(dout)
+        else:
+            with torch.no_grad():
+                flashattn.flash_attn_func(q, k, v, dropout_p=drop, causal=causal)
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seqlens", default="2048,8192")
+    ap.add_argument("--masks", default="none,causal")
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--p", type=float, default=0.1)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(f"# {torch.cuda.get_device_name()}, flashattn {flashattn._capi.library_path()}, "
+          f"bf16, {HEADS} heads, d {args.hdim}, {TOKENS} tokens per batch, dropout_p {args.p}, "
+          f"median of {args.rounds} rounds of do_bench medians")
+    print("| seqlen | mask | pass | " + " | ".join(f"{c} ms" for c in CONFIGS)
+          + " | drop / sm80 | drop / hopper |")
+    print("|" + " --- |" * (5 + len(CONFIGS)))
+    for s in (int(x) for x in args.seqlens.split(",")):
+        b = max(1, TOKENS // s)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, s, HEADS, args.hdim, device="cuda", dtype=torch.bfloat16, generator=gen,
+                               requires_grad=True) for _ in range(3))
+        dout = torch.randn(b, s, HEADS, args.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for mask in args.masks.split(","):
+            causal = mask == "causal"
+            for backward in (False, True):
+                times = {c: [] for c in CONFIGS}
+                for r in range(args.rounds):
+                    for c in round_order(list(CONFIGS), r):
+                        times[c].append(time_ms(runner(c, q, k, v, dout, causal, args.p, backward)))
+                med = {c: statistics.median(times[c]) for c in CONFIGS}
+                print(f"| {s} | {mask} | {'fwd+bwd' if backward else 'fwd'} | "
+                      + " | ".join(f"{med[c]:.3f}" for c in CONFIGS)
+                      + f" | {med['sm80+drop'] / med['sm80']:.3f} | {med['hopper+drop'] / med['hopper']:.3f} |",
+                      flush=True)
+    os.environ.pop("FLASHATTN_DISABLE_SM90", None)
+
+
+if __name__ == "__main__":
+    main()

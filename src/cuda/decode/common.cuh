@@ -1,0 +1,126 @@
+// What the split-KV decode kernels share: the call's scratch, the shapes of a
+// head-dim bucket, the CTA's share of the work, the merge weights of partial
+// states and programmatic dependent launch (dtype conversions:
+// cuda/common/convert.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attention/mask.h"
+#include "attention/state.h"
+#include "core/kvcache.h"
+#include "cuda/common/convert.h"
+#include "cuda/decode/tuning.h"
+
+namespace flashattn::cuda::decode {
+
+// Where a call's scratch lives (all on the device, carved from one workspace).
+struct Work {
+  void* q_rotated;      // (batch, seqlen_q, heads_q, d) in q's dtype, or null without rotary
+  float* partial_o;     // [splits][batch][heads_q][seqlen_q][d], normalised
+  float* partial_lse;   // [splits][batch][heads_q][seqlen_q], natural log
+  int splits;
+  int query_tiles;
+  int page_shift;       // paged cache with a power-of-two page: log2(block_size); else -1
+};
+
+// Shapes of one head-dim bucket (the real head dim may be smaller, a multiple of 8).
+//
+// NOTES: a CTA's 4 warps split each key tile into key slices of 16 keys (one
+// mma k-step of P V); each warp keeps its own online softmax and O for its
+// slices and the slices merge once at the end (attention/state.h). At head dim
+// 256 two warps share a slice, each owning half of O's columns, so O stays at
+// 64 registers a thread.
+template <int HeadDim>
+struct Traits {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kSliceKeys = 16;
+  static constexpr int kBlockK = block_keys(HeadDim);
+  static constexpr int kKeySlices = kBlockK / kSliceKeys;
+  static constexpr int kColumnParts = kWarps / kKeySlices;   // warps sharing a slice
+  static constexpr int kColumns = HeadDim / kColumnParts;    // O columns of one warp
+  static constexpr int kOTiles = kColumns / 8;               // mma n-tiles of O
+  static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of Q K^T
+  static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
+  static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
+  static constexpr int kStages =
+      kRingBytes / kStageBytes < kMinStages
+          ? kMinStages
+          : (kRingBytes / kStageBytes > kMaxStages ? kMaxStages : kRingBytes / kStageBytes);
+  static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
+  // A thread copies one 16-byte column chunk of rows key0 + n * kRowsPerPass.
+  static constexpr int kRowsPerPass = kThreads / kChunks;
+  static constexpr int kRowsPerThread = kBlockK / kRowsPerPass;
+  static constexpr int kRingBytesUsed = kStages * kStageBytes;
+  static constexpr int kQBytes = kMaxRows * kRowElems * 2;
+  static constexpr int kSmemBytes = kRingBytesUsed + kQBytes;
+  // The end-of-CTA merge reuses the drained ring: O of every slice, the
+  // slices' (m, l), their merge weights and each row's lse.
+  static constexpr int kScratchFloats = kKeySlices * kMaxRows * (HeadDim + 3) + kMaxRows;
+  static_assert(kMaxRows == 16, "one mma row tile of packed query rows");
+  static_assert(kKeySlices * kColumnParts == kWarps && kOTiles % 2 == 0, "warp mapping");
+  static_assert(kThreads % kChunks == 0 && kBlockK % kRowsPerPass == 0, "whole rows per pass");
+  static_assert(kScratchFloats * 4 <= kRingBytesUsed, "the slice merge fits the ring");
+};
+
+// The CTA's packed rows and key tiles, and its sequence's length (read once).
+struct TileWork {
+  int b, hk, split, row0, rows, group;
+  int keys;                  // keys the sequence attends to (cache + new tokens)
+  bool length_ok;            // cache_seqlens[b] + new tokens fit the cache
+  MaskPolicy mask;
+  int tile_begin, tile_end;  // key tiles of this split
+};
+
+__device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work& w, int block_keys) {
+  TileWork t;
+  t.split = blockIdx.x % w.splits;
+  const int qtile = blockIdx.x / w.splits;
+  t.hk = blockIdx.y;
+  t.b = blockIdx.z;
+  t.group = p.attn.group_size();
+  t.row0 = qtile * kMaxRows;
+  t.rows = min(kMaxRows, p.attn.seqlen_q * t.group - t.row0);
+  t.length_ok = cache_length_valid(p, t.b);
+  t.keys = t.length_ok ? p.keys(t.b) : 0;
+  t.mask = MaskPolicy{p.attn.seqlen_q, t.keys, p.attn.window_left, p.attn.window_right};
+  const int first = t.mask.key_begin(t.row0 / t.group);
+  const int end = t.mask.key_end((t.row0 + t.rows - 1) / t.group + 1);
+  const int t0 = first / block_keys, t1 = end > first ? (end + block_keys - 1) / block_keys : t0;
+  const int per_split = (t1 - t0 + w.splits - 1) / w.splits;
+  t.tile_begin = min(t1, t0 + t.split * per_split);
+  t.tile_end = min(t1, t.tile_begin + per_split);
+  return t;
+}
+
+// NOTES: folding attention/state.h's merge over partials x gives the merged
+// state (m, l); written out, the merged normalised O is
+//   O = sum_x e^{m_x - m} O_x / l
+// with O_x unnormalised relative to m_x (a warp's slice), or normalised with
+// m_x = lse_x (a split's partial: l_x = 1). So the merge's exponentials run once
+// per partial and row instead of once per element. An empty merged state
+// weighs every partial 0 (O = 0); NaN in any m_x or l_x reaches l and every weight.
+__device__ __forceinline__ float merge_weight(RowState merged, float m_x) {
+  return merged.is_empty() ? 0.0f : expf(m_x - merged.m) / merged.l;
+}
+
+// Programmatic dependent launch (sm_90 and newer; no-ops in the sm_80 build,
+// whose launches never carry the attribute, see api.cu): a kernel launched
+// with cudaLaunchAttributeProgrammaticStreamSerialization may start once every
+// CTA of the kernel before it called allow_dependent_launch (or exited), and
+// calls wait_for_prior_grid before it touches what that kernel writes.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+}  // namespace flashattn::cuda::decode

@@ -1,0 +1,120 @@
+// Where the decode kernel's K/V rows come from: a contiguous cache or a paged
+// one. Each source gives, for the rows one thread copies in a key tile (one
+// 16-byte column chunk of keys tile * kBlockK + key0 + n * kRowsPerPass), the
+// element offsets in the K and V caches.
+//
+// NOTES: the two are separate policy types so that each path's per-row work is
+// only its own: a contiguous row is one multiply-add from a base computed once
+// per CTA, a paged row needs the block table. With pages of a multiple of the
+// key tile (64, 128, 256 keys at head dims up to 128) a tile lies in one page
+// and is translated once; smaller pages translate per row (a shift and a mask
+// for power-of-two sizes, a division otherwise). The table entries of the next
+// tile are fetched a tile ahead, so their latency hides behind a tile of math.
+#pragma once
+
+#include <cstdint>
+
+#include "core/kvcache.h"
+#include "cuda/decode/common.cuh"
+
+namespace flashattn::cuda::decode {
+
+// Offsets of this thread's chunk at head hk, key 0 of a cache row or page.
+struct ChunkBase {
+  int64_t k, v;
+  __device__ ChunkBase(const AttentionParams& a, int hk, int chunk)
+      : k(hk * a.k_head_stride + chunk * 8), v(hk * a.v_head_stride + chunk * 8) {}
+};
+
+// A contiguous cache: sequence b's keys are consecutive rows of cache row
+// cache_batch_idx[b] (b by default); nothing to look up per tile.
+template <int HeadDim>
+struct ContiguousKv {
+  struct Rows {};
+  int64_t k0, v0;        // this thread's chunk of key 0
+  int64_t k_row, v_row;  // one key further
+  bool ok;               // the cache row is in range
+
+  __device__ ContiguousKv(const KvCacheParams& p, const Work&, const TileWork& t) {
+    const AttentionParams& a = p.attn;
+    const int64_t row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[t.b] : t.b;
+    ok = row >= 0 && row < p.cache_rows;
+    const ChunkBase base(a, t.hk, threadIdx.x % Traits<HeadDim>::kChunks);
+    k0 = row * a.k_batch_stride + base.k;
+    v0 = row * a.v_batch_stride + base.v;
+    k_row = a.k_row_stride;
+    v_row = a.v_row_stride;
+  }
+  // Checked once, before anything is read.
+  __device__ bool indices_ok() const { return ok; }
+  __device__ void fetch(int, Rows&) const {}
+  // Key j (row n of the tile): false when it is not to be read.
+  __device__ bool offsets(const Rows&, int j, int, int64_t& k, int64_t& v) const {
+    k = k0 + j * k_row;
+    v = v0 + j * v_row;
+    return true;
+  }
+  __device__ bool saw_bad_index() const { return false; }
+};
+
+// A paged cache: key j of sequence b is slot j % block_size of page
+// block_table[b][j / block_size]. Page indices are checked where they are used:
+// a page outside the pool is never read and poisons the CTA's rows.
+//
+// NOTES: the check sits in offsets(), a tile after fetch() loaded the entry, so
+// no warp waits on the table's latency (an L2 round trip under full HBM
+// traffic) in the tile it fetches for.
+template <int HeadDim>
+struct PagedKv {
+  using Tr = Traits<HeadDim>;
+  struct Rows {
+    int page[Tr::kRowsPerThread];  // as the block table says, or -1 past the keys
+  };
+  const int32_t* table;  // sequence b's row of the block table
+  ChunkBase base;
+  int64_t k_page, v_page, k_row, v_row;
+  int64_t pages;         // pool size
+  int block_size, shift, keys, key0;
+  bool whole_tiles;      // block_size % kBlockK == 0: a tile lies in one page
+  mutable bool bad = false;
+
+  __device__ PagedKv(const KvCacheParams& p, const Work& w, const TileWork& t)
+      : table(p.block_table + t.b * p.block_table_stride),
+        base(p.attn, t.hk, threadIdx.x % Tr::kChunks),
+        k_page(p.attn.k_batch_stride),
+        v_page(p.attn.v_batch_stride),
+        k_row(p.attn.k_row_stride),
+        v_row(p.attn.v_row_stride),
+        pages(p.cache_rows),
+        block_size(p.block_size),
+        shift(w.page_shift),
+        keys(t.keys),
+        key0(threadIdx.x / Tr::kChunks),
+        whole_tiles(p.block_size % Tr::kBlockK == 0) {}
+
+  __device__ bool indices_ok() const { return true; }
+  __device__ int page_of(int j) const { return shift >= 0 ? j >> shift : j / block_size; }
+  __device__ int slot_of(int j) const { return shift >= 0 ? j & (block_size - 1) : j % block_size; }
+  __device__ void fetch(int tile, Rows& rows) const {
+    const int first = tile * Tr::kBlockK;
+    const int whole = whole_tiles && first < keys ? table[page_of(first)] : -1;
+#pragma unroll
+    for (int n = 0; n < Tr::kRowsPerThread; ++n) {
+      const int j = first + key0 + n * Tr::kRowsPerPass;
+      rows.page[n] = j >= keys ? -1 : (whole_tiles ? whole : table[page_of(j)]);
+    }
+  }
+  // Called for keys j < keys only: a page of -1 there came from the table.
+  __device__ bool offsets(const Rows& rows, int j, int n, int64_t& k, int64_t& v) const {
+    const int page = rows.page[n];
+    const bool in_pool = page >= 0 && page < pages;
+    bad |= !in_pool;
+    const int slot = slot_of(j);
+    k = page * k_page + slot * k_row + base.k;
+    v = page * v_page + slot * v_row + base.v;
+    return in_pool;
+  }
+  __device__ bool saw_bad_index() const { return bad; }
+};
+
+}  // namespace flashattn::cuda::decode
