@@ -95,17 +95,19 @@ struct DropoutTuning<256> : Sm80Tile<64, 32, 1, false, true, true> {};
 // With a block mask (ListedKeys, key_walk.cuh): the masked body of a tile the
 // mask cuts reads a listed-bits word per row on top of the element mask. At
 // the dense shapes d 128 (128 x 64) spilled 112 bytes and d 64 (128 x 128) 20
-// bytes: two m16 tiles per warp keep twice the words and scores live. One m16
-// tile per warp (64 rows) holds them; kBlockN stays the dense one, so each
-// row meets its keys in the same tiles and a mask listing every block gives
-// the dense call's bits (tests/gpu/test_cuda_block_sparse.cpp). The rest keep
-// their shape.
+// bytes (sm_90a; 248 at d 128 on sm_80). d 128 takes 128 x 32, one stage (the
+// S tile halved; no spill on sm_80 or sm_90a): 1.949 ms at density 1 against
+// 2.138 for 64 x 64 (two stages), 2.596 for 64 x 128 and 3.170 for 64 x 64
+// with three stages (the last two hold one CTA per SM), and 128 x 32 with two
+// or three stages spilled 8 bytes (H100, bench/probes/block_sparse_cuda.py,
+// docs/variants.md). d 64 takes 64 x 128 (one m16 tile per warp; not
+// measured against others). The rest keep their shape.
 template <int HeadDim>
 struct BlockSparseTuning : ForwardTuning<HeadDim> {};
 template <>
 struct BlockSparseTuning<64> : Sm80Tile<64, 128, 2> {};
 template <>
-struct BlockSparseTuning<128> : Sm80Tile<64, 64, 2> {};
+struct BlockSparseTuning<128> : Sm80Tile<128, 32, 1> {};
 
 // Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a
 // block of rows; each keeps S for its half of the keys and O for its half of
