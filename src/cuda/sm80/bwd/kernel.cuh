@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Deterministic mode: the key tile whose dQ share of (h, m) this one's
     // follows (see NOTES; with a block mask the next-higher one listing it,
     // found here, before the products' registers are live).
-    const int n_before = walk.key_tile_before(p, h, m, n_tile, (seq.seqlen_k + BN - 1) / BN);
+    const int n_before = walk.key_tile_before(h, m, n_tile, (seq.seqlen_k + BN - 1) / BN);
 #pragma unroll
     for (int split = 0; split < C::kSdpSplits; ++split) {
       const int n0 = sdp_n0 + split * kSdpCols;

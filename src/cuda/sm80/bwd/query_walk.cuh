@@ -9,8 +9,9 @@
 //                  (block_sparse.cuh, ListedQueryTiles); a step not full in
 //                  the lists also drops, per element, the keys of blocks the
 //                  row's query block does not list
-// A CTA builds its walk once (Walk::Cta) and asks it for steps, for the block
-// test of a head's rows, and for the deterministic dQ order's predecessor.
+// A CTA builds its walk once (Walk::Cta) and asks it for steps, for the listed
+// pairs of a warp's S/dP slice, and for the deterministic dQ order's
+// predecessor.
 #pragma once
 
 #include <cstdint>
@@ -69,11 +70,9 @@ struct DenseQueries {
     __device__ __forceinline__ static EveryPair slice_pairs(int, int, int, bool, const SequenceInfo&) {
       return {};
     }
-    // The key tile whose dQ share of (h, m) this tile's follows, minus one:
-    // wait_for_predecessor waits for "the tile after" it, the next one up.
-    __device__ __forceinline__ static int key_tile_before(const AttentionParams&, int, int, int n_tile, int) {
-      return n_tile;
-    }
+    // Deterministic mode: this tile adds its dQ share of (h, m) after key
+    // tile key_tile_before() + 1 has (wait_for_predecessor): the next one up.
+    __device__ __forceinline__ static int key_tile_before(int, int, int n_tile, int) { return n_tile; }
   };
 };
 
@@ -136,9 +135,8 @@ struct ListedQueries {
     __device__ __forceinline__ int64_t list_row(int h) const { return sm80::BlockTiles::list_row(p.block_mask, b, h); }
     // The next-higher key tile listing (h, m), minus one (none: the key tile
     // count); searched in deterministic mode only.
-    __device__ __forceinline__ int key_tile_before(const AttentionParams& params, int h, int m, int n_tile,
-                                                   int none) const {
-      if (!params.deterministic) return n_tile;
+    __device__ __forceinline__ int key_tile_before(int h, int m, int n_tile, int none) const {
+      if (!p.deterministic) return n_tile;
       return sm80::next_key_tile(tiles.key_tiles, list_row(h), m, n_tile, none) - 1;
     }
   };
