@@ -22,7 +22,9 @@ namespace flashattn::cuda::decode {
 // The merged state of the row's splits and `sink` (sink_state); weight_s[s]
 // receives split s's weight from warp 0. Every warp runs it (each gets the same state).
 // NOTES: with warp 0 alone running it (the others skipping it at a branch),
-// the sm_80 build spilled 4 bytes in the butterfly.
+// the sm_80 build put 8 bytes of the d128 instance on the stack (local memory;
+// -Xptxas -v, CUDA 13); with every warp running it no decode kernel has a
+// stack frame on sm_80 or sm_90a.
 __device__ __forceinline__ RowState merge_split_states(const Work& w, int64_t row, int64_t split_rows,
                                                        RowState sink, float* weight_s) {
   constexpr int kPerLane = kMaxSplits / 32;
