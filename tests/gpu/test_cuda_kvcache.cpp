@@ -1,8 +1,8 @@
 // fa_forward_kvcache on the CUDA backend (split-KV decode kernels) against the
 // float64 reference: outputs poisoned before each call, cache contents checked,
-// forced split counts, every page-size path of the paged source, pages outside
-// the pool met inside the kernel, CUDA-graph capture and replay with new
-// cache_seqlens.
+// forced split counts, every page-size path of the paged source, ALiBi and
+// attention sinks, pages outside the pool met inside the kernel, CUDA-graph
+// capture and replay with new cache_seqlens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,7 +25,7 @@ DeviceMemory upload_ints(const std::vector<int32_t>& v) {
 // A KvProblem's tensors and index arrays on the device, with poisoned outputs.
 struct DeviceKv {
   const KvProblem* host;
-  DeviceTensor q, k_cache, v_cache, k_new, v_new, cos, sin, out, lse;
+  DeviceTensor q, k_cache, v_cache, k_new, v_new, cos, sin, slopes, sinks, out, lse;
   DeviceMemory table, lens, rows;
   HostTensor out_like, lse_like;
 
@@ -33,7 +33,8 @@ struct DeviceKv {
       : host(&p), q(DeviceTensor::upload(p.q)), k_cache(DeviceTensor::upload(p.k_cache)),
         v_cache(DeviceTensor::upload(p.v_cache)), k_new(DeviceTensor::upload(p.k_new)),
         v_new(DeviceTensor::upload(p.v_new)), cos(DeviceTensor::upload(p.cos)),
-        sin(DeviceTensor::upload(p.sin)), table(upload_ints(p.block_table)),
+        sin(DeviceTensor::upload(p.sin)), slopes(DeviceTensor::upload(p.slopes)),
+        sinks(DeviceTensor::upload(p.sinks)), table(upload_ints(p.block_table)),
         lens(upload_ints(p.cache_seqlens)), rows(upload_ints(p.cache_batch_idx)),
         out_like(p.poisoned_out()), lse_like(p.poisoned_lse()) {
     poison();
@@ -48,6 +49,8 @@ struct DeviceKv {
                           static_cast<const int32_t*>(lens.get()),
                           static_cast<const int32_t*>(rows.get()));
   }
+  // The case's ALiBi slopes and sinks on the device (none when it has none).
+  fa_extras extras() const { return host->extras(&slopes.desc, &sinks.desc); }
   fa_options options(cudaStream_t stream = nullptr) const {
     fa_options o = host->options;
     o.backend = FA_BACKEND_CUDA;
@@ -68,7 +71,8 @@ void run_and_check(const KvCase& c) {
   DeviceKv d(p);
   const fa_kvcache desc = d.describe();
   const fa_options o = d.options();
-  ASSERT_TRUE(call_completed(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, nullptr, 0)));
+  const fa_extras x = d.extras();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &x, nullptr, 0)));
   EXPECT_TRUE(d.matches(e));
 }
 
@@ -113,7 +117,42 @@ std::vector<KvCase> gpu_suite() {
   return cases;
 }
 
+// ALiBi (one slope per head or per sequence and head) and sinks through the
+// decode kernel's scores and its epilogue (one split) or the combine (several):
+// the shared extras suite, then causal decoding and speculative rows at every
+// head-dim bucket, GQA 4 and 8, MQA, pages of 16 and 64 and contiguous caches,
+// ragged lengths with empty sequences (lse = sink, out 0) and one-key ones
+// (the sink often above every score), windows and softcap.
+std::vector<KvCase> gpu_extras_suite() {
+  std::vector<KvCase> cases = kvcache_extras_suite(FA_BF16);
+  for (KvCase c : kvcache_extras_suite(FA_F16)) {
+    if (c.alibi && c.sinks) cases.push_back(c);
+  }
+  uint64_t seed = 700;
+  for (int d : {64, 128, 256}) {
+    for (int sq : {1, 5}) {
+      cases.push_back({.seqlen_q = sq, .heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {1023, 0, 1},
+                       .seqlen_new = sq, .page_size = 16, .causal = true, .alibi = true,
+                       .slopes_per_head = true, .sinks = true, .seed = seed++});
+    }
+  }
+  cases.push_back({.seqlen_q = 5, .heads_q = 8, .heads_kv = 1, .head_dim = 128, .cached = {300, 17, 0},
+                   .seqlen_new = 5, .causal = true, .alibi = true, .sinks = true, .seed = seed++});
+  cases.push_back({.heads_q = 16, .heads_kv = 2, .head_dim = 128, .cached = {2000, 1, 0}, .page_size = 64,
+                   .num_splits = 8, .sinks = true, .seed = seed++});
+  cases.push_back({.seqlen_q = 5, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {4097, 129},
+                   .seqlen_new = 5, .page_size = 64, .causal = true, .alibi = true, .seed = seed++});
+  cases.push_back({.seqlen_q = 5, .heads_q = 8, .heads_kv = 2, .head_dim = 64, .cached = {500, 33},
+                   .seqlen_new = 1, .page_size = 16, .window_left = 100, .window_right = 0, .softcap = 20.0f,
+                   .alibi = true, .sinks = true, .seed = seed++});
+  cases.push_back({.heads_q = 32, .heads_kv = 8, .head_dim = 256, .cached = {700, 7}, .seqlen_new = 1,
+                   .alibi = true, .seed = seed++});
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Suite, CudaKvCache, ::testing::ValuesIn(gpu_suite()),
+                         [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Extras, CudaKvCache, ::testing::ValuesIn(gpu_extras_suite()),
                          [](const auto& info) { return info.param.name(); });
 
 TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
@@ -129,24 +168,6 @@ TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
             FA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa_last_error()).find("outside the pool"), std::string::npos);
   EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
-}
-
-// ALiBi and sinks in a KV-cache call run on the CPU backend only: the CUDA
-// decode kernels refuse them before anything is appended.
-TEST(CudaKvCacheErrors, AlibiAndSinksRefusedUntilTheDecodeKernelsRunThem) {
-  FA_REQUIRE_GPU();
-  for (KvCase c : kvcache_extras_suite(FA_BF16)) {
-    KvProblem p = make_kv_problem(c);
-    DeviceKv d(p);
-    DeviceTensor slopes = DeviceTensor::upload(p.slopes), sinks = DeviceTensor::upload(p.sinks);
-    const fa_kvcache desc = d.describe();
-    const fa_options o = d.options();
-    const fa_extras e = p.extras(&slopes.desc, &sinks.desc);
-    EXPECT_EQ(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &e, nullptr, 0),
-              FA_ERROR_UNSUPPORTED) << c.name();
-    EXPECT_NE(std::string(fa_last_error()).find("ALiBi or attention sinks"), std::string::npos) << fa_last_error();
-    EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
-  }
 }
 
 // Index arrays are read one int32 at a time: views into a larger array (a
