@@ -89,9 +89,10 @@ struct Consumer {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) sc[i] = SoftcapScore::unscaled(sc[i], a.softcap_in);
     }
-    if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, t, n, lane);
+    RowShift shift;
+    if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, shift, t, n, lane);
     mask_key_tile<kBlockN>(sc, t, n, lane);
-    online_softmax(sc, m, l, corr, a.scale_log2);
+    online_softmax(sc, m, l, corr, a.scale_log2, MufuExp2{}, shift);
   }
   // O *= exp(m_old - m_new), inside the turn: between issuing S = Q K^T and
   // O += P V (which needs it) the warp would wait on the tensor pipe's queue
