@@ -102,7 +102,8 @@ fa_status plan_forward(const AttentionParams& p, ForwardPlan& plan) {
   // tile's parts through the workspace.
   constexpr bool kHasSplitTail = Tune::kSplitTail && N == Tune::kLongBlockN;
   const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
-  const bool uniform = !p.has_mask() && !p.is_varlen();
+  // (Per-sequence key counts, seqused_k: tiles of unequal cost.)
+  const bool uniform = !p.has_mask() && !p.is_varlen() && p.seqused_k == nullptr;
   a.tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
                            kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
   a.part_o = nullptr;
