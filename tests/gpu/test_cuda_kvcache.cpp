@@ -321,10 +321,11 @@ cuda::KvCacheRoute route_of(DeviceKv& d) {
 
 // The route a case should take (cuda/decode/api.cu): the Hopper forward from
 // kForwardMinQueryRows query rows on a 9.0 device, contiguous caches without
-// cache_batch_idx; the decode kernel otherwise.
+// cache_batch_idx and pages that fit its key tile; the decode kernel otherwise.
 cuda::KvCacheRoute expected_route(const KvCase& c) {
+  const bool cache_fits = c.page_size == 0 ? !c.batch_idx : cuda::sm90::pages_fit(c.head_dim, c.page_size);
   const bool forward = device_is_sm90() && !cuda::sm90::disabled_by_env() &&
-                       c.seqlen_q >= cuda::decode::kForwardMinQueryRows && c.page_size == 0 && !c.batch_idx;
+                       c.seqlen_q >= cuda::decode::kForwardMinQueryRows && cache_fits;
   return forward ? cuda::KvCacheRoute::kHopperForward : cuda::KvCacheRoute::kDecode;
 }
 
@@ -368,8 +369,8 @@ TEST_P(CudaKvCacheChunked, MatchesFloat64ReferenceOnItsRoute) {
   EXPECT_TRUE(d.matches(e));
 }
 
-// seqlen_q 300 and 700 (odd, several 128-row query tiles, the last partial)
-// against contiguous caches and pages of 16, 64 and 256; ragged lengths with
+// seqlen_q 300 and 700 (several query tiles, the last partial) against
+// contiguous caches and pages of 16, 64 and 256; ragged lengths with
 // empty and one-key sequences; appends crossing pages; rotary in both layouts;
 // causal, window, softcap, ALiBi (per sequence and per head), sinks; GQA 4,
 // MQA, head dims 64, 128, 256 and 96 (zero-filled columns); f16 and bf16.
@@ -400,6 +401,13 @@ std::vector<KvCase> chunked_suite() {
        .page_size = 64, .rotary_dim = 64, .causal = true, .alibi = true, .sinks = true});
   add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {100, 3}, .seqlen_new = 300,
        .batch_idx = true, .causal = true});
+  // Pages at d256 (80-key tiles: 16 fits, 64 stays on the decode kernel) and d64.
+  for (int page : {16, 64}) {
+    add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 2, .head_dim = 256, .cached = {250, 0, 81}, .seqlen_new = 300,
+         .page_size = page, .window_left = 200, .window_right = 0, .sinks = true});
+  }
+  add({.seqlen_q = 700, .heads_q = 4, .heads_kv = 1, .head_dim = 64, .cached = {1, 300}, .seqlen_new = 700,
+       .page_size = 256, .rotary_dim = 64, .interleaved = true, .causal = true, .softcap = 15.0f, .alibi = true});
   return cases;
 }
 

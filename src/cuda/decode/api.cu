@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/backends.h"
@@ -55,23 +56,33 @@ AttentionParams forward_params(const KvCacheParams& kp, const decode::Work& w) {
     f.q_batch_stride = f.q_row_stride * f.seqlen_q;
   }
   f.seqused_k = w.key_counts;
-  f.total_k = int64_t{f.batch} * kp.capacity;  // the rows the K/V tensor maps cover
+  f.total_k = int64_t{f.batch} * kp.capacity;  // keys the call may address (supports_forward's int32 bound)
   f.workspace = nullptr;
   f.workspace_bytes = 0;
   return f;
 }
 
+// The pages the forward reads through (none for a contiguous cache).
+sm90::KvPages forward_pages(const KvCacheParams& kp) {
+  if (!kp.is_paged()) return {};
+  return {kp.block_table, kp.block_table_stride, kp.block_size, std::max(power_of_two_shift(kp.block_size), 0),
+          static_cast<int>(kp.cache_rows)};
+}
+
 // NOTES (route): a call with kForwardMinQueryRows query rows or more on an
 // sm_90 device runs the append kernel, then the Hopper forward over the cache
-// (chunked prefill: issue 28). Contiguous caches without cache_batch_idx (the
-// forward's tensor maps address sequence b at batch coordinate b); others
+// (chunked prefill: issue 28): contiguous caches without cache_batch_idx (the
+// forward's tensor maps address sequence b at batch coordinate b), and paged
+// caches whose page fits the forward's key tile (sm90::pages_fit); the others
 // stay on the decode kernel. Index safety holds without the host's check
 // (graph capture, trust_indices): the tensor maps bound every load to the
-// cache, and the append kernel re-checks each sequence's length (key count
-// -1 where it is out of range: NaN rows).
+// cache, the append kernel re-checks each sequence's length and pages (key
+// count -1 where one is out of range: NaN rows), and the forward reads only
+// the table entries of a sequence's own pages.
 bool takes_forward_route(const KvCacheParams& kp) {
   const AttentionParams& a = kp.attn;
-  if (a.seqlen_q < decode::kForwardMinQueryRows || kp.is_paged() || kp.cache_batch_idx != nullptr) return false;
+  if (a.seqlen_q < decode::kForwardMinQueryRows || kp.cache_batch_idx != nullptr) return false;
+  if (kp.is_paged() && (kp.cache_rows > INT32_MAX || !sm90::pages_fit(a.head_dim, kp.block_size))) return false;
   decode::Work probe{};
   return sm90::can_run_forward(forward_params(kp, probe));
 }
@@ -204,7 +215,7 @@ fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t strea
   if (a.seqlen_q == 0) return FA_OK;  // nothing to attend; the append above still happens
   if (w.key_counts != nullptr) {
     // FA_ERROR_UNSUPPORTED (a tensor map the driver refused): the decode kernel, one split.
-    const fa_status s = sm90::run_forward(forward_params(kp, w));
+    const fa_status s = sm90::run_forward(forward_params(kp, w), forward_pages(kp));
     if (s != FA_ERROR_UNSUPPORTED) return s;
   }
   switch (head_dim_bucket(a.head_dim)) {
