@@ -6,11 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "common/kvcache_harness.h"
+#include "core/backends.h"
 #include "core/dtype.h"
+#include "core/validate.h"
+#include "cuda/decode/tuning.h"
+#include "cuda/sm90/fwd/api.h"
 #include "device.h"
 
 namespace flashattn::testing {
@@ -301,6 +306,159 @@ TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// ---- Chunked prefill: the Hopper forward over the cache (issue 28) ----
+
+// The route the library takes for a call (cuda::kvcache_route on the params it builds).
+cuda::KvCacheRoute route_of(DeviceKv& d) {
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  KvCacheParams kp;
+  EXPECT_EQ(make_kvcache_params({&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o}, &kp), FA_OK) << fa_last_error();
+  return cuda::kvcache_route(kp);
+}
+
+// The route a case should take (cuda/decode/api.cu): the Hopper forward from
+// kForwardMinQueryRows query rows on a 9.0 device, contiguous caches without
+// cache_batch_idx and pages that fit its key tile; the decode kernel otherwise.
+cuda::KvCacheRoute expected_route(const KvCase& c) {
+  const bool cache_fits = c.page_size == 0 ? !c.batch_idx : cuda::sm90::pages_fit(c.head_dim, c.page_size);
+  const bool forward = device_is_sm90() && !cuda::sm90::disabled_by_env() &&
+                       c.seqlen_q >= cuda::decode::kForwardMinQueryRows && cache_fits;
+  return forward ? cuda::KvCacheRoute::kHopperForward : cuda::KvCacheRoute::kDecode;
+}
+
+// Every cache element that is none of the sequences' cached keys becomes NaN
+// (bits 0x7fff: NaN in f16 and bf16): the slots the call appends to, the slots
+// past each sequence's keys, spare pages. No kernel may let them reach out/lse
+// (the forward's last key tile of a sequence runs past its keys).
+void poison_unused_cache(KvProblem& p) {
+  const KvCacheParams kp = p.host_params();
+  const int64_t slots = p.k_cache.desc.shape[1], row_elems = int64_t{p.c.heads_kv} * p.c.head_dim;
+  std::vector<bool> used(static_cast<size_t>(p.k_cache.desc.shape[0] * slots), false);
+  for (int b = 0; b < p.c.batch(); ++b) {
+    for (int j = 0; j < kp.cached_tokens(b); ++j) {
+      const CacheSlot s = cache_slot(kp, b, j);
+      used[static_cast<size_t>(s.row * slots + s.slot)] = true;
+    }
+  }
+  const uint16_t nan_bits = 0x7fff;
+  for (HostTensor* t : {&p.k_cache, &p.v_cache}) {
+    uint16_t* e = reinterpret_cast<uint16_t*>(t->bytes.data());
+    for (size_t slot = 0; slot < used.size(); ++slot) {
+      if (!used[slot]) std::fill(e + slot * row_elems, e + (slot + 1) * row_elems, nan_bits);
+    }
+  }
+}
+
+class CudaKvCacheChunked : public ::testing::TestWithParam<KvCase> {};
+
+TEST_P(CudaKvCacheChunked, MatchesFloat64ReferenceOnItsRoute) {
+  FA_REQUIRE_GPU();
+  const KvCase& c = GetParam();
+  KvProblem p = make_kv_problem(c);
+  poison_unused_cache(p);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv d(p);
+  EXPECT_EQ(route_of(d), expected_route(c));
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  const fa_extras x = d.extras();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &x, nullptr, 0)));
+  EXPECT_TRUE(d.matches(e));
+}
+
+// seqlen_q 300 and 700 (several query tiles, the last partial) against
+// contiguous caches and pages of 16, 64 and 256; ragged lengths with
+// empty and one-key sequences; appends crossing pages; rotary in both layouts;
+// causal, window, softcap, ALiBi (per sequence and per head), sinks; GQA 4,
+// MQA, head dims 64, 128, 256 and 96 (zero-filled columns); f16 and bf16.
+std::vector<KvCase> chunked_suite() {
+  std::vector<KvCase> cases;
+  uint64_t seed = 900;
+  auto add = [&](KvCase c) {
+    c.seed = seed++;
+    cases.push_back(c);
+  };
+  for (int sq : {300, 700}) {
+    for (int page : {0, 16, 64, 256}) {
+      add({.seqlen_q = sq, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {0, 517, 1},
+           .seqlen_new = sq, .page_size = page, .causal = true});
+    }
+  }
+  add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 4, .head_dim = 64, .cached = {203, 0, 1000}, .seqlen_new = 300,
+       .window_left = 100, .window_right = 0, .softcap = 20.0f, .alibi = true});
+  add({.seqlen_q = 700, .heads_q = 4, .heads_kv = 1, .head_dim = 256, .cached = {129, 0}, .seqlen_new = 700,
+       .causal = true, .alibi = true, .slopes_per_head = true, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {77, 900}, .seqlen_new = 300,
+       .rotary_dim = 128, .interleaved = false, .causal = true});
+  add({.seqlen_q = 300, .heads_q = 8, .heads_kv = 1, .head_dim = 64, .cached = {31, 400}, .seqlen_new = 300,
+       .rotary_dim = 32, .interleaved = true, .sinks = true});
+  add({.seqlen_q = 700, .heads_q = 2, .heads_kv = 2, .head_dim = 96, .cached = {700, 1}, .dtype = FA_F16,
+       .window_left = 50, .window_right = 30, .softcap = 10.0f, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {1, 1300}, .seqlen_new = 300,
+       .page_size = 64, .rotary_dim = 64, .causal = true, .alibi = true, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {100, 3}, .seqlen_new = 300,
+       .batch_idx = true, .causal = true});
+  // Pages at d256 (80-key tiles: 16 fits, 64 stays on the decode kernel) and d64.
+  for (int page : {16, 64}) {
+    add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 2, .head_dim = 256, .cached = {250, 0, 81}, .seqlen_new = 300,
+         .page_size = page, .window_left = 200, .window_right = 0, .sinks = true});
+  }
+  add({.seqlen_q = 700, .heads_q = 4, .heads_kv = 1, .head_dim = 64, .cached = {1, 300}, .seqlen_new = 700,
+       .page_size = 256, .rotary_dim = 64, .interleaved = true, .causal = true, .softcap = 15.0f, .alibi = true});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunked, CudaKvCacheChunked, ::testing::ValuesIn(chunked_suite()),
+                         [](const auto& info) { return info.param.name(); });
+
+// trust_indices and a length that overflows the cache (as under graph capture,
+// where the host checks nothing): on the forward route the append kernel's
+// key count marks the sequence, its rows come out NaN, its cache row is
+// untouched, and the other sequences' rows are bit for bit those of a good call.
+TEST(CudaKvCacheChunked, OverflowingLengthPoisonsOnlyItsSequence) {
+  FA_REQUIRE_GPU();
+  KvCase c{.seqlen_q = 130, .heads_q = 4, .heads_kv = 2, .head_dim = 128, .cached = {100, 7, 600},
+           .seqlen_new = 130, .causal = true, .seed = 990};
+  KvProblem p = make_kv_problem(c);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv good(p);
+  EXPECT_EQ(route_of(good), expected_route(c));
+  fa_kvcache desc = good.describe();
+  desc.trust_indices = 1;
+  const fa_options o = good.options();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&good.q.desc, &desc, &good.out.desc, &good.lse.desc, &o, nullptr, 0)));
+  ASSERT_TRUE(good.matches(e));
+
+  p.cache_seqlens[1] = static_cast<int32_t>(p.k_cache.desc.shape[1]);  // + 130 new: past the capacity
+  DeviceKv bad(p);
+  desc = bad.describe();
+  desc.trust_indices = 1;
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&bad.q.desc, &desc, &bad.out.desc, &bad.lse.desc, &o, nullptr, 0)));
+  const HostTensor out = bad.out.download(bad.out_like), lse = bad.lse.download(bad.lse_like);
+  const HostTensor good_out = good.out.download(good.out_like), good_lse = good.lse.download(good.lse_like);
+  const int64_t per_seq = int64_t{c.seqlen_q} * c.heads_q * c.head_dim, lse_per_seq = int64_t{c.heads_q} * c.seqlen_q;
+  for (int64_t i = 0; i < 3 * per_seq; ++i) {
+    const float got = load_as_float(out.bytes.data(), i, c.dtype);
+    if (i / per_seq == 1) {
+      ASSERT_TRUE(std::isnan(got)) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&out.bytes[2 * i], &good_out.bytes[2 * i], 2), 0) << i;
+    }
+  }
+  for (int64_t i = 0; i < 3 * lse_per_seq; ++i) {
+    const float got = load_as_float(lse.bytes.data(), i, FA_F32);
+    if (i / lse_per_seq == 1) {
+      ASSERT_TRUE(std::isnan(got)) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&lse.bytes[4 * i], &good_lse.bytes[4 * i], 4), 0) << i;
+    }
+  }
+  const HostTensor v_after = bad.v_cache.download(p.v_cache);
+  const size_t row_bytes = v_after.bytes.size() / 3;
+  EXPECT_EQ(std::memcmp(&v_after.bytes[row_bytes], &p.v_cache.bytes[row_bytes], row_bytes), 0);
 }
 
 }  // namespace

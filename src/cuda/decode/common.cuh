@@ -25,6 +25,9 @@ struct Work {
   int splits;
   int query_tiles;
   int page_shift;       // paged cache with a power-of-two page: log2(block_size); else -1
+  // The Hopper route (api.cu): int32[batch], the append kernel writes each
+  // sequence's key count there (-1 where its indices are out of range); else null.
+  int32_t* key_counts;
 };
 
 // Shapes of one head-dim bucket (the real head dim may be smaller, a multiple of 8).

@@ -359,6 +359,15 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const KvCacheParams p,
   allow_dependent_launch();  // the decode kernel may launch and wait for this one
   const AttentionParams& a = p.attn;
   const int i = blockIdx.x, b = blockIdx.y, d = a.head_dim;
+  // The Hopper route's key counts: the forward reads every key of the sequence
+  // (through the cache's tensor map), so block 0 checks all of them again and
+  // marks a sequence with an index out of range (-1: its rows come out NaN, as
+  // from the decode kernel).
+  if (w.key_counts != nullptr && i == 0) {
+    const bool ok = __syncthreads_and(cache_length_valid(p, b) &&
+                                      keys_addressable(p, b, 0, p.keys(b), threadIdx.x, kThreads));
+    if (threadIdx.x == 0) w.key_counts[b] = ok ? p.keys(b) : -1;
+  }
   // Only the pages this block writes or reads (new tokens; rotated q reads none).
   const int first_new = p.cached_tokens(b);
   if (!__syncthreads_and(cache_length_valid(p, b) &&
