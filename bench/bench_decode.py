@@ -8,7 +8,7 @@ eager call.
 
 Usage (on the GPU machine):
   FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/bench_decode.py \\
-      [--out results.md] [--quick]
+      [--out results.md] [--quick] [--chunked]
 """
 
 import argparse
@@ -118,6 +118,45 @@ class Decode:
         return (out.float() - ref).abs().max().item()
 
 
+CHUNK_BATCH, CHUNK_CONTEXT = 4, 8192  # chunked prefill: sequences, keys after the chunk
+CHUNK_LENGTHS = [512, 1024, 2048, 4096]
+CHUNK_PAGES = [0, 64, 256]  # 0: contiguous cache
+
+
+def chunked_prefill_rows():
+    """Chunked prefill: a chunk of S query tokens per sequence against a cache that holds
+    CHUNK_CONTEXT keys (the chunk's own last), causal (bottom-right), through
+    flash_attn_with_kvcache on contiguous and paged caches, against flash_attn_func on the same
+    keys (the prefill forward). TFLOP/s counted on the visible pairs."""
+    b, ctx = CHUNK_BATCH, CHUNK_CONTEXT
+    rows = ["", f"Chunked prefill: batch {b}, {ctx} keys per sequence (the chunk's last), causal, "
+            f"{HEADS_Q}/{HEADS_KV} heads, d{HEAD_DIM}; TFLOP/s on visible pairs, CUDA-graph replays.",
+            "",
+            "| chunk | prefill forward | kvcache contiguous | paged 64 | paged 256 "
+            "| contiguous / prefill | paged 64 / prefill | paged 256 / prefill |",
+            "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(rows), flush=True)
+    for s in CHUNK_LENGTHS:
+        d = Decode(b, ctx)
+        d.q = torch.randn(b, s, HEADS_Q, HEAD_DIM, device="cuda", dtype=DTYPE)
+        pairs = s * (ctx - s) + s * (s + 1) // 2
+        flops = 4 * b * HEADS_Q * HEAD_DIM * pairs
+        prefill_us = graph_time_us(lambda: flashattn.flash_attn_func(d.q, d.k, d.v, causal=True))
+        tflops = []
+        for page in CHUNK_PAGES:
+            kc, vc, table = (d.k, d.v, None) if page == 0 else d.paged(page)
+            us = graph_time_us(lambda: flashattn.flash_attn_with_kvcache(
+                d.q, kc, vc, cache_seqlens=d.lens, block_table=table, causal=True))
+            tflops.append(flops / (us * 1e-6) / 1e12)
+        prefill = flops / (prefill_us * 1e-6) / 1e12
+        rows.append(f"| {s} | {prefill:.0f} | " + " | ".join(f"{t:.0f}" for t in tflops) + " | " +
+                    " | ".join(f"{t / prefill:.2f}" for t in tflops) + " |")
+        print(rows[-1], flush=True)
+        del d
+        torch.cuda.empty_cache()
+    return rows
+
+
 def gbs(nbytes, us):
     return nbytes / (us * 1e-6) / 1e9
 
@@ -143,6 +182,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--quick", action="store_true", help="three shapes only")
+    ap.add_argument("--chunked", action="store_true",
+                    help="also chunked prefill against the cache (seqlen_q 512-4096)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     lines = [f"# Decode, {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
@@ -171,6 +212,8 @@ def main():
         print(row, flush=True)
         del d
         torch.cuda.empty_cache()
+    if args.chunked:
+        lines += chunked_prefill_rows()
     host = eager_host_us()
     tail = ["", "Host time of one eager call (batch 1, 256 keys; us): " +
             ", ".join(f"{k} {v:.1f}" for k, v in host.items())]

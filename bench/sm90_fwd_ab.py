@@ -56,6 +56,11 @@ def main():
     ap.add_argument("--rep", type=int, default=150, help="do_bench rep (ms) per timing")
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--backward", action="store_true", help="time the backward pass instead")
+    ap.add_argument("--softcap", type=float, default=0.0,
+                    help="softcap of the builds' calls (the anchors have none: compare builds only)")
+    ap.add_argument("--alibi-for", default="",
+                    help="NAME,... whose calls carry ALiBi slopes (2^(-8 (h+1) / heads) per head): "
+                         "the same library under two names times ALiBi's cost")
     args = ap.parse_args()
     libs = [tuple(x.split("=", 1)) for x in args.libs]
     bind = {n: load_binding(n, p) for n, p in libs}
@@ -80,6 +85,10 @@ def main():
                            for _ in range(3))
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 outs = {n: torch.full_like(q, float("nan")) for n, _ in libs}
+                slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+                extra = {n: dict(softcap=args.softcap,
+                                 alibi_slopes=slopes if n in args.alibi_for.split(",") else None)
+                         for n, _ in libs}
                 lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
                 fns = {}
                 if args.backward:
@@ -87,12 +96,12 @@ def main():
                     grads = {}
                     for n, _ in libs:
                         o, l = torch.empty_like(q), torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-                        bind[n].forward(q, k, v, o, l, causal=causal)
+                        bind[n].forward(q, k, v, o, l, causal=causal, **extra[n])
                         gr = tuple(torch.full_like(q, float("nan")) for _ in range(3))
                         grads[n] = gr
                         outs[n] = gr[0]  # dq is what the max-diff column compares
-                        fns[n] = (lambda m=bind[n], o=o, l=l, gr=gr:
-                                  m.backward(q, k, v, o, dout, l, *gr, causal=causal))
+                        fns[n] = (lambda m=bind[n], o=o, l=l, gr=gr, x=extra[n]:
+                                  m.backward(q, k, v, o, dout, l, *gr, causal=causal, **x))
                     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
                     for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                         def fwd_bwd(be=be):
@@ -105,7 +114,8 @@ def main():
                         fns[n] = (fwd_bwd, fwd_only)
                 else:
                     for n, _ in libs:
-                        fns[n] = (lambda m=bind[n], o=outs[n]: m.forward(q, k, v, o, lse, causal=causal))
+                        fns[n] = (lambda m=bind[n], o=outs[n], x=extra[n]:
+                                  m.forward(q, k, v, o, lse, causal=causal, **x))
                     for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                         def sdpa(be=be):
                             with sdpa_kernel(be):

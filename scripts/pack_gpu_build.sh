@@ -12,5 +12,8 @@ files=(libflashattn.so tools/flashattn)
 for t in tests/test_*; do
   [ -x "$t" ] && files+=("$t")
 done
-tar -chJf "$dest" "${files[@]}"
+# NOTES: every test binary links the whole library statically (~55 MB each, mostly the same
+# kernels): one xz stream with a dictionary larger than a binary stores the repeats once
+# (13 MB for all of them instead of ~7 MB each; decompressing needs the dictionary's 512 MiB).
+tar -ch "${files[@]}" | xz -T1 --lzma2=preset=3,dict=512MiB > "$dest"
 echo "$dest: ${#files[@]} files, $(du -h "$dest" | cut -f1)"

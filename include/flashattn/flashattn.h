@@ -298,8 +298,8 @@ FA_API fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache,
 /* fa_forward_kvcache with score extras (see fa_extras); extras may be NULL (= all off).
  * alibi_slopes and sinks apply as in fa_forward_ex, with the bias and the causal diagonal
  * of each sequence's keys (cache_seqlens[b] + seqlen_new). dropout_p, dsinks and block_mask
- * are not taken here (a clear error). The CUDA decode kernels do not run ALiBi or sinks yet
- * (FA_ERROR_UNSUPPORTED); the CPU backend does. */
+ * are not taken here (a clear error). Both backends run ALiBi and sinks (on CUDA: the bias in
+ * the decode kernel's scores, the sink in its final merge or the split combine's). */
 FA_API fa_status fa_forward_kvcache_ex(const fa_tensor* q, const fa_kvcache* cache, fa_tensor* out,
                                        fa_tensor* lse, const fa_options* options,
                                        const fa_extras* extras, void* workspace,

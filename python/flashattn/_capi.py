@@ -1063,8 +1063,8 @@ def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwa
     or (num_blocks, block_size, heads_kv, d) with block_table (batch, max_blocks) int32;
     cache_seqlens an int or int32 (batch,); k/v (batch, seqlen_new, heads_kv, d) or None;
     rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2); cache_batch_idx int32 (batch,) or None;
-    alibi_slopes f32 (heads_q) or (batch, heads_q), sinks f32 (heads_q), or None (the CUDA
-    decode kernels refuse both for now; the CPU backend runs them).
+    alibi_slopes f32 (heads_q) or (batch, heads_q), sinks f32 (heads_q), or None (both
+    backends run them).
     out like q; lse f32 (batch, heads_q, seqlen_q) or None. ``workspace``: None (the library
     allocates), a buffer of at least forward_kvcache_workspace_size() bytes on q's device, or a
     callable taking that byte count and returning one. Index arrays are checked on the host

@@ -298,8 +298,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (batch,) cache rows of a contiguous cache. causal is bottom-right aligned. num_splits:
     split-KV pieces on CUDA (0 = heuristic). alibi_slopes: float32 (nheads,) or (batch,
     nheads); sinks (keyword only, not in flash-attn's signature): float32 (nheads,), one
-    attention-sink logit per head as in flash_attn_func. The CPU backend runs both; the CUDA
-    decode kernels refuse them for now (flashattn.UnsupportedError).
+    attention-sink logit per head as in flash_attn_func. The CPU and CUDA backends run both.
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads,
     seqlen_q) float32) with return_softmax_lse.

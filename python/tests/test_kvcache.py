@@ -294,7 +294,7 @@ def test_cuda_graph_capture_and_replay_with_new_lengths(rng):
 
 
 def _expected_with_extras(c, causal, slopes, sinks):
-    """out, lse of a Cache's call with ALiBi slopes (batch, hq) and sinks (hq) in float64
+    """out, lse of a Cache's call with ALiBi slopes (batch, hq) or (hq) and sinks (hq) in float64
     (test_variants' reference: the sink as one more softmax column; new tokens appended)."""
     from test_variants import ref_forward_one
     outs, lses = [], []
@@ -304,7 +304,7 @@ def _expected_with_extras(c, causal, slopes, sinks):
         if c.new:
             k, v = np.concatenate([k, c.k[b]]), np.concatenate([v, c.v[b]])
         o, l_ = ref_forward_one(c.q[b], np.repeat(k, hq // hkv, 1), np.repeat(v, hq // hkv, 1), causal,
-                                None if slopes is None else slopes[b], sinks)
+                                None if slopes is None else (slopes[b] if slopes.ndim == 2 else slopes), sinks)
         outs.append(o)
         lses.append(l_)
     return np.stack(outs), np.stack(lses)
@@ -335,3 +335,25 @@ def test_torch_cpu_alibi_and_sinks_eager_and_compiled(rng):
         out, lse, _, _ = torch_call(c, "cpu", torch.float32, causal=True, fn=lambda *a, **k: fn(*a, **k, **kw))
         np.testing.assert_allclose(out.numpy(), eo, rtol=1e-4, atol=3e-5)
         np.testing.assert_allclose(lse.numpy(), el, rtol=1e-5, atol=1e-5)
+
+
+@gpu_test
+@pytest.mark.parametrize("causal,page,slopes_shape,sinks,splits", [
+    (False, 0, "batch", True, 0), (True, 16, "head", True, 0), (True, 64, "batch", False, 5),
+    (False, 16, None, True, 1), (True, 0, "head", True, 7)])
+def test_cuda_alibi_and_sinks_match_reference(rng, causal, page, slopes_shape, sinks, splits):
+    """The decode kernel's ALiBi and sinks (one split: its epilogue; several: the combine)."""
+    dt = torch.bfloat16
+    c = Cache(rng, [700, 0, 1], 3, 8, 2, 128, new=3, page=page)
+    # The reference sees the inputs as the GPU does: rounded to the dtype.
+    for name in ("q", "k_cache", "v_cache", "k", "v"):
+        setattr(c, name, torch.from_numpy(getattr(c, name)).to(dt).float().numpy())
+    shape = {"batch": (3, 8), "head": (8,), None: None}[slopes_shape]
+    slopes = None if shape is None else (0.05 * rng.standard_normal(shape)).astype(np.float32)
+    sink = rng.standard_normal(8).astype(np.float32) if sinks else None
+    eo, el = _expected_with_extras(c, causal, slopes, sink)
+    kw = dict(alibi_slopes=to_torch(slopes, "cuda"), sinks=to_torch(sink, "cuda"), num_splits=splits)
+    out, lse, _, _ = torch_call(c, "cuda", dt, causal, fn=lambda *a, **k: flashattn.flash_attn_with_kvcache(
+        *a, **k, **kw))
+    np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(lse.cpu().numpy(), el, rtol=1e-3, atol=1e-3)

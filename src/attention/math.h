@@ -26,6 +26,17 @@ FA_HOST_DEVICE float fast_exp2(float x) {
 // NOTES: libm's tanhf branches on |x|: in the Hopper forward its softcap pass
 // was 1026 SASS instructions per d128 key tile (385 with this form) and the
 // kernel's register peak.
+// log2(x), approximate (one MUFU op on the GPU; subnormals flush to zero).
+FA_HOST_DEVICE float fast_log2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::log2(x);
+#endif
+}
+
 FA_HOST_DEVICE float fast_tanh(float x) {
 #if defined(__CUDA_ARCH__)
   return 1.0f - __fdividef(2.0f, fast_exp2(x * (2.0f * kLog2e)) + 1.0f);

@@ -35,6 +35,9 @@ size_t forward_workspace_size(const AttentionParams& params);
 fa_status check_kvcache(const KvCacheParams& params);
 size_t kvcache_workspace_size(const KvCacheParams& params);
 fa_status forward_kvcache(const KvCacheParams& params);
+// Which kernels forward_kvcache runs for these params (tests assert it).
+enum class KvCacheRoute { kDecode, kHopperForward };
+KvCacheRoute kvcache_route(const KvCacheParams& params);
 // Whether `stream` is capturing a CUDA graph (nothing may synchronize then).
 fa_status stream_is_capturing(void* stream, int device_index, bool* capturing);
 // Copies device memory to the host (used to validate cu_seqlens).

@@ -37,6 +37,13 @@ struct AttentionParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  // Fixed-length batches only: int32[batch] on the device, the keys sequence b
+  // uses of its seqlen_k rows (FlashAttention-3's seqused_k); null: all of them.
+  // A negative count marks a sequence whose indices the device found invalid:
+  // its rows come out NaN. Only the CUDA KV-cache route into the Hopper forward
+  // sets it (cuda/decode/api.cu); host code never reads it: the plan and every
+  // host caller bound the keys by seqlen_k, the capacity.
+  const int32_t* seqused_k = nullptr;
 
   // Forward tensors. Strides in elements. For varlen, batch strides are 0 and
   // rows are addressed by cu_seqlens offset * row stride.

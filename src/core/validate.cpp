@@ -237,8 +237,13 @@ fa_status check_sizes(const AttentionParams& p) {
 // bound every sequence.
 int normalised_window(int window, int range) { return window >= range ? -1 : window; }
 
+// An empty tensor's strides index nothing (check_tensor accepts any): they are
+// stored as 0, so no backend's stride rule (the CUDA kernels' multiples of 16
+// bytes) refuses an empty tensor for values it never uses.
 void set_strides(const fa_tensor& t, bool varlen, int64_t* batch, int64_t* row, int64_t* head) {
-  if (varlen) {
+  if (tensor_is_empty(t)) {
+    *batch = *row = *head = 0;
+  } else if (varlen) {
     *batch = 0;
     *row = t.strides[0];
     *head = t.strides[1];

@@ -149,10 +149,6 @@ fa_status check_kvcache(const KvCacheParams& kp) {
     return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels take at most 65535 sequences and "
                                       "65535 KV heads per call");
   }
-  if (p.has_alibi() || p.has_sinks()) {
-    return fail(FA_ERROR_UNSUPPORTED, "the CUDA decode kernels do not run ALiBi or attention sinks yet; "
-                                      "the CPU backend does");
-  }
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{kp.k_new, "k_new"},
                                   {kp.v_new, "v_new"},
                                   {kp.rotary_cos, "rotary_cos"},

@@ -50,12 +50,14 @@ fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws
 }  // namespace
 
 // The backward workspace for p: the dQ accumulator rows are as wide as the
-// sm80 kernel's head dim (the sm90 kernels run exact head dims only, which
-// the sm80 list also holds), and deterministic-mode semaphores count the sm80
-// kernel's query tiles (the sm90 kernel checks that its tiles match and falls
-// back to sm80 where they do not).
+// head dim of the kernel that runs (the Hopper kernel's where it takes the
+// call; every Hopper kernel width is in the sm80 list too, so the sm80 kernel
+// can still take a call the Hopper one turns down), and deterministic-mode
+// semaphores count the sm80 kernel's query tiles (the sm90 kernel checks that
+// its tiles match and falls back to sm80 where they do not).
 bwd::WorkspacePlan plan_backward_workspace(const AttentionParams& p) {
-  const int kd = sm80::BackwardHeadDims::kernel_for(p.head_dim);
+  const int kd = sm90::can_run_backward(p) ? sm90::BackwardHeadDims::kernel_for(p.head_dim)
+                                           : sm80::BackwardHeadDims::kernel_for(p.head_dim);
   int block_m = bwd::Config<256>::kBlockM;
   sm80::BackwardHeadDims::dispatch(kd, [&](auto d) {
     block_m = bwd::Config<decltype(d)::value>::kBlockM;

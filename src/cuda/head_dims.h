@@ -41,7 +41,8 @@ using BackwardHeadDims = HeadDims<32, 64, 96, 128, 160, 192, 256>;
 namespace sm90 {
 // 96 pads to 128: a 96-column tile is not a whole number of 128-byte swizzle atoms.
 using ForwardHeadDims = HeadDims<64, 128, 192, 256>;
-// The backward runs these exactly; other head dims take the sm80 backward.
+// The backward too: 96 runs on 128, 192 on 256 (the dQ accumulator is as wide
+// as the kernel, dK and dV are stored for the real columns only).
 using BackwardHeadDims = HeadDims<64, 128, 256>;
 }  // namespace sm90
 

@@ -22,5 +22,6 @@ fa_status copy_to_host(void*, const void*, size_t, int) { return not_built(); }
 fa_status check_kvcache(const KvCacheParams&) { return not_built(); }
 size_t kvcache_workspace_size(const KvCacheParams&) { return 0; }
 fa_status forward_kvcache(const KvCacheParams&) { return not_built(); }
+KvCacheRoute kvcache_route(const KvCacheParams&) { return KvCacheRoute::kDecode; }
 fa_status stream_is_capturing(void*, int, bool*) { return not_built(); }
 }  // namespace flashattn::cuda

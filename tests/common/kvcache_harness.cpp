@@ -146,7 +146,7 @@ std::string KvCase::name() const {
   if (window_left >= 0 || window_right >= 0) s << "_win" << window_left << "_" << window_right;
   if (softcap > 0) s << "_softcap";
   if (num_splits) s << "_split" << num_splits;
-  if (alibi) s << "_alibi";
+  if (alibi) s << (slopes_per_head ? "_alibiH" : "_alibi");
   if (sinks) s << "_sinks";
   s << "_s" << seed;
   std::string name = s.str();
@@ -189,10 +189,11 @@ KvProblem make_kv_problem(const KvCase& c) {
   if (c.alibi) {
     // Slopes of either sign up to ~0.1 (ALiBi's are 2^-8 .. 2^-1): over a
     // few thousand keys the bias spans hundreds of logits.
-    p.slopes = make_host_tensor(FA_F32, {batch, c.heads_q});
+    const int64_t rows = c.slopes_per_head ? 1 : batch;
+    p.slopes = c.slopes_per_head ? make_host_tensor(FA_F32, {c.heads_q}) : make_host_tensor(FA_F32, {batch, c.heads_q});
     fill_normal(p.slopes, rng);
     float* slope = reinterpret_cast<float*>(p.slopes.bytes.data());
-    for (int64_t i = 0; i < int64_t{batch} * c.heads_q; ++i) slope[i] *= 0.05f;
+    for (int64_t i = 0; i < rows * c.heads_q; ++i) slope[i] *= 0.05f;
   }
   if (c.sinks) {
     p.sinks = make_host_tensor(FA_F32, {c.heads_q});
@@ -361,6 +362,9 @@ std::vector<KvCase> kvcache_extras_suite(fa_dtype dtype) {
        .softcap = 10.0f, .alibi = true, .sinks = true});
   add({.heads_q = 16, .heads_kv = 2, .head_dim = 128, .cached = {4097, 9}, .seqlen_new = 1, .batch_idx = true,
        .rotary_dim = 32, .interleaved = true, .sinks = true});
+  // One slope per head, shared by the sequences.
+  add({.seqlen_q = 2, .heads_q = 8, .heads_kv = 2, .cached = {129, 0, 40}, .seqlen_new = 2, .page_size = 16,
+       .causal = true, .alibi = true, .slopes_per_head = true, .sinks = true});
   return cases;
 }
 

@@ -35,6 +35,7 @@ struct KvCase {
   float softcap = 0.0f;
   int num_splits = 0;
   bool alibi = false;  // ALiBi slopes per (sequence, head) through fa_forward_kvcache_ex
+  bool slopes_per_head = false;  // with alibi: one slope per head (heads_q), shared by the sequences
   bool sinks = false;  // an attention sink per head, likewise
   uint64_t seed = 1;
 
@@ -81,7 +82,7 @@ KvExpected expected_kvcache(const KvProblem& p);
 
 // The cases the issue lists (lengths, pages, GQA, head dims, options, rotary).
 std::vector<KvCase> kvcache_suite(fa_dtype dtype);
-// Cases with ALiBi and sinks (the CPU backend runs them; the CUDA decode kernels refuse them).
+// Cases with ALiBi and sinks (every backend).
 std::vector<KvCase> kvcache_extras_suite(fa_dtype dtype);
 
 }  // namespace flashattn::testing

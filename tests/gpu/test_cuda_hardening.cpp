@@ -107,6 +107,34 @@ TEST(CudaHardening, EmptyBatchForwardAndBackward) {
                                          nullptr, &c.o, nullptr, 0)));
 }
 
+// An empty tensor is never read or written, so its strides may be anything,
+// also what the CUDA kernels refuse for a non-empty one (multiples of 8
+// elements): no query rows here, and q, out, dout, dq carry row strides of 3.
+// The keys, seen by no row, get zero gradients.
+TEST(CudaHardening, EmptyTensorsAcceptAnyStrides) {
+  FA_REQUIRE_GPU();
+  Case k;
+  k.dtype = FA_BF16;
+  k.head_dim = 64;
+  k.batch = 2;
+  k.seqlen_q = 0;
+  k.seqlen_k = 33;
+  DeviceCall c(k);
+  DeviceTensor dq = DeviceTensor::upload(c.p.poisoned_like_q()), dk = DeviceTensor::upload(c.p.poisoned_like_k()),
+               dv = DeviceTensor::upload(c.p.poisoned_like_k());
+  constexpr int64_t kOddStride = 3;
+  for (fa_tensor* t : {&c.d.q.desc, &c.out.desc, &c.d.dout.desc, &dq.desc}) t->strides[1] = kOddStride;
+  ASSERT_TRUE(call_completed(c.forward(nullptr)));
+  ASSERT_TRUE(call_completed(fa_backward(&c.d.q.desc, &c.d.k.desc, &c.d.v.desc, &c.out.desc, &c.d.dout.desc,
+                                         &c.lse.desc, &dq.desc, &dk.desc, &dv.desc, nullptr, &c.o, nullptr, 0)));
+  for (const HostTensor& g : {dk.download(c.p.k), dv.download(c.p.k)}) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(g.bytes.data());
+    for (size_t i = 0; i < g.bytes.size() / sizeof(uint16_t); ++i) {
+      ASSERT_EQ(bits[i] & 0x7fff, 0) << "element " << i << " is not +-0";  // bf16: sign bit aside
+    }
+  }
+}
+
 // The backward's grid holds at most 65535 sequences: more is a clear refusal
 // before anything is written, not a failed launch after the pre-pass.
 TEST(CudaHardening, BackwardBeyondGridLimitRefused) {

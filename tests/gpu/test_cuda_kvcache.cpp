@@ -1,16 +1,21 @@
 // fa_forward_kvcache on the CUDA backend (split-KV decode kernels) against the
 // float64 reference: outputs poisoned before each call, cache contents checked,
-// forced split counts, every page-size path of the paged source, pages outside
-// the pool met inside the kernel, CUDA-graph capture and replay with new
-// cache_seqlens.
+// forced split counts, every page-size path of the paged source, ALiBi and
+// attention sinks, pages outside the pool met inside the kernel, CUDA-graph
+// capture and replay with new cache_seqlens.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "common/kvcache_harness.h"
+#include "core/backends.h"
 #include "core/dtype.h"
+#include "core/validate.h"
+#include "cuda/decode/tuning.h"
+#include "cuda/sm90/fwd/api.h"
 #include "device.h"
 
 namespace flashattn::testing {
@@ -25,7 +30,7 @@ DeviceMemory upload_ints(const std::vector<int32_t>& v) {
 // A KvProblem's tensors and index arrays on the device, with poisoned outputs.
 struct DeviceKv {
   const KvProblem* host;
-  DeviceTensor q, k_cache, v_cache, k_new, v_new, cos, sin, out, lse;
+  DeviceTensor q, k_cache, v_cache, k_new, v_new, cos, sin, slopes, sinks, out, lse;
   DeviceMemory table, lens, rows;
   HostTensor out_like, lse_like;
 
@@ -33,7 +38,8 @@ struct DeviceKv {
       : host(&p), q(DeviceTensor::upload(p.q)), k_cache(DeviceTensor::upload(p.k_cache)),
         v_cache(DeviceTensor::upload(p.v_cache)), k_new(DeviceTensor::upload(p.k_new)),
         v_new(DeviceTensor::upload(p.v_new)), cos(DeviceTensor::upload(p.cos)),
-        sin(DeviceTensor::upload(p.sin)), table(upload_ints(p.block_table)),
+        sin(DeviceTensor::upload(p.sin)), slopes(DeviceTensor::upload(p.slopes)),
+        sinks(DeviceTensor::upload(p.sinks)), table(upload_ints(p.block_table)),
         lens(upload_ints(p.cache_seqlens)), rows(upload_ints(p.cache_batch_idx)),
         out_like(p.poisoned_out()), lse_like(p.poisoned_lse()) {
     poison();
@@ -48,6 +54,8 @@ struct DeviceKv {
                           static_cast<const int32_t*>(lens.get()),
                           static_cast<const int32_t*>(rows.get()));
   }
+  // The case's ALiBi slopes and sinks on the device (none when it has none).
+  fa_extras extras() const { return host->extras(&slopes.desc, &sinks.desc); }
   fa_options options(cudaStream_t stream = nullptr) const {
     fa_options o = host->options;
     o.backend = FA_BACKEND_CUDA;
@@ -68,7 +76,8 @@ void run_and_check(const KvCase& c) {
   DeviceKv d(p);
   const fa_kvcache desc = d.describe();
   const fa_options o = d.options();
-  ASSERT_TRUE(call_completed(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, nullptr, 0)));
+  const fa_extras x = d.extras();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &x, nullptr, 0)));
   EXPECT_TRUE(d.matches(e));
 }
 
@@ -113,7 +122,42 @@ std::vector<KvCase> gpu_suite() {
   return cases;
 }
 
+// ALiBi (one slope per head or per sequence and head) and sinks through the
+// decode kernel's scores and its epilogue (one split) or the combine (several):
+// the shared extras suite, then causal decoding and speculative rows at every
+// head-dim bucket, GQA 4 and 8, MQA, pages of 16 and 64 and contiguous caches,
+// ragged lengths with empty sequences (lse = sink, out 0) and one-key ones
+// (the sink often above every score), windows and softcap.
+std::vector<KvCase> gpu_extras_suite() {
+  std::vector<KvCase> cases = kvcache_extras_suite(FA_BF16);
+  for (KvCase c : kvcache_extras_suite(FA_F16)) {
+    if (c.alibi && c.sinks) cases.push_back(c);
+  }
+  uint64_t seed = 700;
+  for (int d : {64, 128, 256}) {
+    for (int sq : {1, 5}) {
+      cases.push_back({.seqlen_q = sq, .heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {1023, 0, 1},
+                       .seqlen_new = sq, .page_size = 16, .causal = true, .alibi = true,
+                       .slopes_per_head = true, .sinks = true, .seed = seed++});
+    }
+  }
+  cases.push_back({.seqlen_q = 5, .heads_q = 8, .heads_kv = 1, .head_dim = 128, .cached = {300, 17, 0},
+                   .seqlen_new = 5, .causal = true, .alibi = true, .sinks = true, .seed = seed++});
+  cases.push_back({.heads_q = 16, .heads_kv = 2, .head_dim = 128, .cached = {2000, 1, 0}, .page_size = 64,
+                   .num_splits = 8, .sinks = true, .seed = seed++});
+  cases.push_back({.seqlen_q = 5, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {4097, 129},
+                   .seqlen_new = 5, .page_size = 64, .causal = true, .alibi = true, .seed = seed++});
+  cases.push_back({.seqlen_q = 5, .heads_q = 8, .heads_kv = 2, .head_dim = 64, .cached = {500, 33},
+                   .seqlen_new = 1, .page_size = 16, .window_left = 100, .window_right = 0, .softcap = 20.0f,
+                   .alibi = true, .sinks = true, .seed = seed++});
+  cases.push_back({.heads_q = 32, .heads_kv = 8, .head_dim = 256, .cached = {700, 7}, .seqlen_new = 1,
+                   .alibi = true, .seed = seed++});
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Suite, CudaKvCache, ::testing::ValuesIn(gpu_suite()),
+                         [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Extras, CudaKvCache, ::testing::ValuesIn(gpu_extras_suite()),
                          [](const auto& info) { return info.param.name(); });
 
 TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
@@ -129,24 +173,6 @@ TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
             FA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa_last_error()).find("outside the pool"), std::string::npos);
   EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
-}
-
-// ALiBi and sinks in a KV-cache call run on the CPU backend only: the CUDA
-// decode kernels refuse them before anything is appended.
-TEST(CudaKvCacheErrors, AlibiAndSinksRefusedUntilTheDecodeKernelsRunThem) {
-  FA_REQUIRE_GPU();
-  for (KvCase c : kvcache_extras_suite(FA_BF16)) {
-    KvProblem p = make_kv_problem(c);
-    DeviceKv d(p);
-    DeviceTensor slopes = DeviceTensor::upload(p.slopes), sinks = DeviceTensor::upload(p.sinks);
-    const fa_kvcache desc = d.describe();
-    const fa_options o = d.options();
-    const fa_extras e = p.extras(&slopes.desc, &sinks.desc);
-    EXPECT_EQ(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &e, nullptr, 0),
-              FA_ERROR_UNSUPPORTED) << c.name();
-    EXPECT_NE(std::string(fa_last_error()).find("ALiBi or attention sinks"), std::string::npos) << fa_last_error();
-    EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
-  }
 }
 
 // Index arrays are read one int32 at a time: views into a larger array (a
@@ -280,6 +306,159 @@ TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// ---- Chunked prefill: the Hopper forward over the cache (issue 28) ----
+
+// The route the library takes for a call (cuda::kvcache_route on the params it builds).
+cuda::KvCacheRoute route_of(DeviceKv& d) {
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  KvCacheParams kp;
+  EXPECT_EQ(make_kvcache_params({&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o}, &kp), FA_OK) << fa_last_error();
+  return cuda::kvcache_route(kp);
+}
+
+// The route a case should take (cuda/decode/api.cu): the Hopper forward from
+// kForwardMinQueryRows query rows on a 9.0 device, contiguous caches without
+// cache_batch_idx and pages that fit its key tile; the decode kernel otherwise.
+cuda::KvCacheRoute expected_route(const KvCase& c) {
+  const bool cache_fits = c.page_size == 0 ? !c.batch_idx : cuda::sm90::pages_fit(c.head_dim, c.page_size);
+  const bool forward = device_is_sm90() && !cuda::sm90::disabled_by_env() &&
+                       c.seqlen_q >= cuda::decode::kForwardMinQueryRows && cache_fits;
+  return forward ? cuda::KvCacheRoute::kHopperForward : cuda::KvCacheRoute::kDecode;
+}
+
+// Every cache element that is none of the sequences' cached keys becomes NaN
+// (bits 0x7fff: NaN in f16 and bf16): the slots the call appends to, the slots
+// past each sequence's keys, spare pages. No kernel may let them reach out/lse
+// (the forward's last key tile of a sequence runs past its keys).
+void poison_unused_cache(KvProblem& p) {
+  const KvCacheParams kp = p.host_params();
+  const int64_t slots = p.k_cache.desc.shape[1], row_elems = int64_t{p.c.heads_kv} * p.c.head_dim;
+  std::vector<bool> used(static_cast<size_t>(p.k_cache.desc.shape[0] * slots), false);
+  for (int b = 0; b < p.c.batch(); ++b) {
+    for (int j = 0; j < kp.cached_tokens(b); ++j) {
+      const CacheSlot s = cache_slot(kp, b, j);
+      used[static_cast<size_t>(s.row * slots + s.slot)] = true;
+    }
+  }
+  const uint16_t nan_bits = 0x7fff;
+  for (HostTensor* t : {&p.k_cache, &p.v_cache}) {
+    uint16_t* e = reinterpret_cast<uint16_t*>(t->bytes.data());
+    for (size_t slot = 0; slot < used.size(); ++slot) {
+      if (!used[slot]) std::fill(e + slot * row_elems, e + (slot + 1) * row_elems, nan_bits);
+    }
+  }
+}
+
+class CudaKvCacheChunked : public ::testing::TestWithParam<KvCase> {};
+
+TEST_P(CudaKvCacheChunked, MatchesFloat64ReferenceOnItsRoute) {
+  FA_REQUIRE_GPU();
+  const KvCase& c = GetParam();
+  KvProblem p = make_kv_problem(c);
+  poison_unused_cache(p);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv d(p);
+  EXPECT_EQ(route_of(d), expected_route(c));
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  const fa_extras x = d.extras();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &x, nullptr, 0)));
+  EXPECT_TRUE(d.matches(e));
+}
+
+// seqlen_q 300 and 700 (several query tiles, the last partial) against
+// contiguous caches and pages of 16, 64 and 256; ragged lengths with
+// empty and one-key sequences; appends crossing pages; rotary in both layouts;
+// causal, window, softcap, ALiBi (per sequence and per head), sinks; GQA 4,
+// MQA, head dims 64, 128, 256 and 96 (zero-filled columns); f16 and bf16.
+std::vector<KvCase> chunked_suite() {
+  std::vector<KvCase> cases;
+  uint64_t seed = 900;
+  auto add = [&](KvCase c) {
+    c.seed = seed++;
+    cases.push_back(c);
+  };
+  for (int sq : {300, 700}) {
+    for (int page : {0, 16, 64, 256}) {
+      add({.seqlen_q = sq, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {0, 517, 1},
+           .seqlen_new = sq, .page_size = page, .causal = true});
+    }
+  }
+  add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 4, .head_dim = 64, .cached = {203, 0, 1000}, .seqlen_new = 300,
+       .window_left = 100, .window_right = 0, .softcap = 20.0f, .alibi = true});
+  add({.seqlen_q = 700, .heads_q = 4, .heads_kv = 1, .head_dim = 256, .cached = {129, 0}, .seqlen_new = 700,
+       .causal = true, .alibi = true, .slopes_per_head = true, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {77, 900}, .seqlen_new = 300,
+       .rotary_dim = 128, .interleaved = false, .causal = true});
+  add({.seqlen_q = 300, .heads_q = 8, .heads_kv = 1, .head_dim = 64, .cached = {31, 400}, .seqlen_new = 300,
+       .rotary_dim = 32, .interleaved = true, .sinks = true});
+  add({.seqlen_q = 700, .heads_q = 2, .heads_kv = 2, .head_dim = 96, .cached = {700, 1}, .dtype = FA_F16,
+       .window_left = 50, .window_right = 30, .softcap = 10.0f, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {1, 1300}, .seqlen_new = 300,
+       .page_size = 64, .rotary_dim = 64, .causal = true, .alibi = true, .sinks = true});
+  add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {100, 3}, .seqlen_new = 300,
+       .batch_idx = true, .causal = true});
+  // Pages at d256 (80-key tiles: 16 fits, 64 stays on the decode kernel) and d64.
+  for (int page : {16, 64}) {
+    add({.seqlen_q = 300, .heads_q = 4, .heads_kv = 2, .head_dim = 256, .cached = {250, 0, 81}, .seqlen_new = 300,
+         .page_size = page, .window_left = 200, .window_right = 0, .sinks = true});
+  }
+  add({.seqlen_q = 700, .heads_q = 4, .heads_kv = 1, .head_dim = 64, .cached = {1, 300}, .seqlen_new = 700,
+       .page_size = 256, .rotary_dim = 64, .interleaved = true, .causal = true, .softcap = 15.0f, .alibi = true});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunked, CudaKvCacheChunked, ::testing::ValuesIn(chunked_suite()),
+                         [](const auto& info) { return info.param.name(); });
+
+// trust_indices and a length that overflows the cache (as under graph capture,
+// where the host checks nothing): on the forward route the append kernel's
+// key count marks the sequence, its rows come out NaN, its cache row is
+// untouched, and the other sequences' rows are bit for bit those of a good call.
+TEST(CudaKvCacheChunked, OverflowingLengthPoisonsOnlyItsSequence) {
+  FA_REQUIRE_GPU();
+  KvCase c{.seqlen_q = 130, .heads_q = 4, .heads_kv = 2, .head_dim = 128, .cached = {100, 7, 600},
+           .seqlen_new = 130, .causal = true, .seed = 990};
+  KvProblem p = make_kv_problem(c);
+  const KvExpected e = expected_kvcache(p);
+  DeviceKv good(p);
+  EXPECT_EQ(route_of(good), expected_route(c));
+  fa_kvcache desc = good.describe();
+  desc.trust_indices = 1;
+  const fa_options o = good.options();
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&good.q.desc, &desc, &good.out.desc, &good.lse.desc, &o, nullptr, 0)));
+  ASSERT_TRUE(good.matches(e));
+
+  p.cache_seqlens[1] = static_cast<int32_t>(p.k_cache.desc.shape[1]);  // + 130 new: past the capacity
+  DeviceKv bad(p);
+  desc = bad.describe();
+  desc.trust_indices = 1;
+  ASSERT_TRUE(call_completed(fa_forward_kvcache(&bad.q.desc, &desc, &bad.out.desc, &bad.lse.desc, &o, nullptr, 0)));
+  const HostTensor out = bad.out.download(bad.out_like), lse = bad.lse.download(bad.lse_like);
+  const HostTensor good_out = good.out.download(good.out_like), good_lse = good.lse.download(good.lse_like);
+  const int64_t per_seq = int64_t{c.seqlen_q} * c.heads_q * c.head_dim, lse_per_seq = int64_t{c.heads_q} * c.seqlen_q;
+  for (int64_t i = 0; i < 3 * per_seq; ++i) {
+    const float got = load_as_float(out.bytes.data(), i, c.dtype);
+    if (i / per_seq == 1) {
+      ASSERT_TRUE(std::isnan(got)) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&out.bytes[2 * i], &good_out.bytes[2 * i], 2), 0) << i;
+    }
+  }
+  for (int64_t i = 0; i < 3 * lse_per_seq; ++i) {
+    const float got = load_as_float(lse.bytes.data(), i, FA_F32);
+    if (i / lse_per_seq == 1) {
+      ASSERT_TRUE(std::isnan(got)) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&lse.bytes[4 * i], &good_lse.bytes[4 * i], 4), 0) << i;
+    }
+  }
+  const HostTensor v_after = bad.v_cache.download(p.v_cache);
+  const size_t row_bytes = v_after.bytes.size() / 3;
+  EXPECT_EQ(std::memcmp(&v_after.bytes[row_bytes], &p.v_cache.bytes[row_bytes], row_bytes), 0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/harness.h"
@@ -102,14 +103,46 @@ std::vector<Case> sm90_suite() {
     c.varlen_q = {7, 0, 130, 1};
     c.varlen_k = {9, 5, 203, 0};
     cases.push_back(c);
+    // Padded head dims (96 on 128, 192 on 256) with softcap: seeds of their own.
+    for (int d : {96, 192}) {
+      Case x = make_case(FA_BF16, 150, 200, d, 8100 + static_cast<uint64_t>(d));
+      x.causal = true;
+      x.softcap = 5.0f;
+      cases.push_back(x);
+    }
     return cases;
   }
-  for (const Case& c : attention_suite({FA_F16, FA_BF16}, {64, 128, 256}, true))
-    if (c.head_dim % 64 == 0 && c.softcap == 0.0f) cases.push_back(c);
+  // Every head dim: 32/96/192 run on the 64/128/256 kernels (zero-filled columns).
+  for (const Case& c : attention_suite({FA_F16, FA_BF16}, {32, 64, 96, 128, 192, 256}, true)) cases.push_back(c);
+  // Softcap (tanh taken back from P and lse, softmax.cuh) at every head dim:
+  // several tiles both ways, causal, a window, GQA + varlen, a cap small
+  // enough that tanh saturates (scores of several times the cap). Seeds of
+  // their own, so the cases below keep theirs.
+  uint64_t cap_seed = 8000;
+  for (fa_dtype dt : {FA_BF16, FA_F16}) {
+    for (int d : {64, 128, 256}) {
+      Case c = make_case(dt, 300, 517, d, cap_seed++);
+      c.softcap = 5.0f;
+      cases.push_back(c);
+      c.causal = true;
+      c.softcap = 1.5f;
+      c.scale = 2.0f / std::sqrt(static_cast<float>(d));
+      cases.push_back(c);
+      Case v = make_case(dt, 0, 0, d, cap_seed++);
+      v.varlen_q = {130, 1, 257, 0, 200};
+      v.varlen_k = {300, 77, 257, 3, 129};
+      v.heads_q = 6;
+      v.heads_kv = 2;
+      v.window_left = 70;
+      v.window_right = 5;
+      v.softcap = 20.0f;
+      cases.push_back(v);
+    }
+  }
   // Several key and query tiles (partial last ones), seqlen_q != seqlen_k both
   // ways, windows narrower than a tile, a custom scale, GQA + varlen.
   for (fa_dtype dt : {FA_BF16, FA_F16}) {
-    for (int d : {64, 128, 256}) {
+    for (int d : {64, 96, 128, 192, 256}) {
       Case c = make_case(dt, 300, 517, d, seed++);
       cases.push_back(c);
       c.causal = true;
@@ -204,10 +237,10 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
   }
 }
 
-// fa_backward takes this kernel for f16/bf16 at head dim 64/128/256,
-// deterministic or not, unless FLASHATTN_DISABLE_SM90 is set, and the result is
-// right; softcap, deterministic varlen and other head dims are not this
-// kernel's (sm80 fallback).
+// fa_backward takes this kernel for f16/bf16 at every head dim (96 on the 128
+// kernel), deterministic or not, softcap or not, unless FLASHATTN_DISABLE_SM90
+// is set, and the result is right; softcap with ALiBi and deterministic varlen
+// are not this kernel's (sm80 fallback).
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -224,7 +257,7 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
         Grads g;
         bool supported = false;
         ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
-        EXPECT_EQ(supported, !cap && (d == 64 || d == 128 || d == 256))
+        EXPECT_TRUE(supported)
             << c.name() << (det ? " deterministic" : "");
         SCOPED_TRACE(c.name() + (det ? " deterministic" : ""));
         expect_matches_reference(p, g);

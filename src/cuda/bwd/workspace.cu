@@ -34,6 +34,8 @@ Workspace carve_workspace(const AttentionParams& p, const WorkspacePlan& w, void
   ws.accum_dim = w.accum_dim;
   ws.scale_log2 = p.scale * kLog2e;
   ws.inv_softcap = p.softcap > 0.0f ? p.scale / p.softcap : 0.0f;
+  ws.softcap_log2 = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+  ws.inv_softcap_log2 = p.softcap > 0.0f ? 1.0f / ws.softcap_log2 : 0.0f;
   return ws;
 }
 

@@ -20,9 +20,12 @@ struct Workspace {
   int q_tiles = 0;            // query tiles per sequence (of the longest)
   int accum_dim = 0;          // kernel head dim (row length of dq_accum)
   // Per-call constants the kernel reads from its parameter space instead of
-  // computing (and holding in registers): scale * log2(e), scale / softcap.
+  // computing (and holding in registers): scale * log2(e), scale / softcap,
+  // softcap * log2(e) and its inverse (0 without softcap).
   float scale_log2 = 0.0f;
   float inv_softcap = 0.0f;
+  float softcap_log2 = 0.0f;
+  float inv_softcap_log2 = 0.0f;
 
   // Deterministic mode: the counter of query tile m of (sequence b, query head h).
   FA_HOST_DEVICE int* dq_semaphore(const AttentionParams& p, int b, int h, int m) const {

@@ -2,6 +2,8 @@
 // rotate), run the split-KV decode kernel, merge the splits.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "core/backends.h"
@@ -10,6 +12,7 @@
 #include "cuda/decode/combine.cuh"
 #include "cuda/decode/kernel.cuh"
 #include "cuda/decode/split.h"
+#include "cuda/sm90/fwd/api.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -38,26 +41,80 @@ int sm_count(int device_index) {
   return n;
 }
 
+// The Hopper forward's params for a KV-cache call (the route below): q or
+// the rotated q (workspace, (batch, seqlen_q, heads_q, d)), K/V = the cache
+// rows of the sequences, each sequence's key count from the append kernel.
+// Mask, window, softcap, ALiBi (its diagonal per sequence: layout.h's
+// alibi_for and the consumers take the count as seqlen_k), sinks, GQA and
+// lse are kp.attn's, unchanged.
+AttentionParams forward_params(const KvCacheParams& kp, const decode::Work& w) {
+  AttentionParams f = kp.attn;
+  if (w.q_rotated != nullptr) {
+    f.q = w.q_rotated;
+    f.q_head_stride = f.head_dim;
+    f.q_row_stride = int64_t{f.heads_q} * f.head_dim;
+    f.q_batch_stride = f.q_row_stride * f.seqlen_q;
+  }
+  f.seqused_k = w.key_counts;
+  f.total_k = int64_t{f.batch} * kp.capacity;  // keys the call may address (supports_forward's int32 bound)
+  f.workspace = nullptr;
+  f.workspace_bytes = 0;
+  return f;
+}
+
+// The pages the forward reads through (none for a contiguous cache).
+sm90::KvPages forward_pages(const KvCacheParams& kp) {
+  if (!kp.is_paged()) return {};
+  return {kp.block_table, kp.block_table_stride, kp.block_size, std::max(power_of_two_shift(kp.block_size), 0),
+          static_cast<int>(kp.cache_rows)};
+}
+
+// NOTES (route): a call with kForwardMinQueryRows query rows or more on an
+// sm_90 device runs the append kernel, then the Hopper forward over the cache
+// (chunked prefill: issue 28): contiguous caches without cache_batch_idx (the
+// forward's tensor maps address sequence b at batch coordinate b), and paged
+// caches whose page fits the forward's key tile (sm90::pages_fit); the others
+// stay on the decode kernel. Index safety holds without the host's check
+// (graph capture, trust_indices): the tensor maps bound every load to the
+// cache, the append kernel re-checks each sequence's length and pages (key
+// count -1 where one is out of range: NaN rows), and the forward reads only
+// the table entries of a sequence's own pages.
+bool takes_forward_route(const KvCacheParams& kp) {
+  const AttentionParams& a = kp.attn;
+  if (a.seqlen_q < decode::kForwardMinQueryRows || kp.cache_batch_idx != nullptr) return false;
+  if (kp.is_paged() && (kp.cache_rows > INT32_MAX || !sm90::pages_fit(a.head_dim, kp.block_size))) return false;
+  decode::Work probe{};
+  return sm90::can_run_forward(forward_params(kp, probe));
+}
+
 // Splits, tiles and the workspace's pieces for a call.
 struct Plan {
+  bool forward = false;  // the Hopper route
   int splits = 1;
   int query_tiles = 1;
   size_t q_rotated_bytes = 0;
   size_t partial_o_bytes = 0;
   size_t partial_lse_bytes = 0;
-  size_t total() const { return q_rotated_bytes + partial_o_bytes + partial_lse_bytes; }
+  size_t key_count_bytes = 0;
+  size_t total() const { return q_rotated_bytes + partial_o_bytes + partial_lse_bytes + key_count_bytes; }
 };
 
 Plan make_plan(const KvCacheParams& kp) {
   const AttentionParams& a = kp.attn;
   Plan plan;
+  const size_t rows = static_cast<size_t>(a.batch) * a.heads_q * a.seqlen_q;
+  if (kp.has_rotary()) plan.q_rotated_bytes = aligned(rows * a.head_dim * 2);
   const int packed = a.seqlen_q * a.group_size();
   plan.query_tiles = std::max(1, (packed + kMaxRows - 1) / kMaxRows);
+  if (takes_forward_route(kp)) {
+    // One split: the decode kernel's fallback needs no partials (run()).
+    plan.forward = true;
+    plan.key_count_bytes = aligned(static_cast<size_t>(a.batch) * sizeof(int32_t));
+    return plan;
+  }
   plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity,
                                        decode::block_keys(head_dim_bucket(a.head_dim)),
                                        sm_count(a.device_index), kp.num_splits});
-  const size_t rows = static_cast<size_t>(a.batch) * a.heads_q * a.seqlen_q;
-  if (kp.has_rotary()) plan.q_rotated_bytes = aligned(rows * a.head_dim * 2);
   if (plan.splits > 1) {
     plan.partial_o_bytes = aligned(plan.splits * rows * a.head_dim * sizeof(float));
     plan.partial_lse_bytes = aligned(plan.splits * rows * sizeof(float));
@@ -148,13 +205,19 @@ fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, cudaS
 template <typename T>
 fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   const AttentionParams& a = kp.attn;
-  // NOTES: with no new tokens and no rotary there is nothing to append: one launch fewer.
-  if (kp.seqlen_new > 0 || w.q_rotated != nullptr) {
-    const dim3 grid(std::max(kp.seqlen_new, w.q_rotated != nullptr ? a.seqlen_q : 0), a.batch);
+  // NOTES: with no new tokens, no rotary and no key counts to write there is
+  // nothing to append: one launch fewer.
+  if (kp.seqlen_new > 0 || w.q_rotated != nullptr || w.key_counts != nullptr) {
+    const dim3 grid(std::max({kp.seqlen_new, w.q_rotated != nullptr ? a.seqlen_q : 0, 1}), a.batch);
     decode::append_kernel<T><<<grid, decode::kThreads, 0, stream>>>(kp, w);
     FA_RETURN_IF_ERROR(launch_error("append kernel"));
   }
   if (a.seqlen_q == 0) return FA_OK;  // nothing to attend; the append above still happens
+  if (w.key_counts != nullptr) {
+    // FA_ERROR_UNSUPPORTED (a tensor map the driver refused): the decode kernel, one split.
+    const fa_status s = sm90::run_forward(forward_params(kp, w), forward_pages(kp));
+    if (s != FA_ERROR_UNSUPPORTED) return s;
+  }
   switch (head_dim_bucket(a.head_dim)) {
     case 64: return launch_for_cache<T, 64>(kp, w, stream);
     case 128: return launch_for_cache<T, 128>(kp, w, stream);
@@ -165,6 +228,10 @@ fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t strea
 }  // namespace
 
 size_t kvcache_workspace_size(const KvCacheParams& kp) { return make_plan(kp).total(); }
+
+KvCacheRoute kvcache_route(const KvCacheParams& kp) {
+  return make_plan(kp).forward ? KvCacheRoute::kHopperForward : KvCacheRoute::kDecode;
+}
 
 fa_status forward_kvcache(const KvCacheParams& kp) {
   const AttentionParams& a = kp.attn;
@@ -187,6 +254,7 @@ fa_status forward_kvcache(const KvCacheParams& kp) {
   w.q_rotated = plan.q_rotated_bytes > 0 ? base : nullptr;
   w.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes) : nullptr;
   w.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes + plan.partial_o_bytes) : nullptr;
+  w.key_counts = plan.forward ? reinterpret_cast<int32_t*>(base + plan.q_rotated_bytes) : nullptr;
   const fa_status status = a.dtype == FA_F16 ? run<__half>(kp, w, stream) : run<__nv_bfloat16>(kp, w, stream);
   if (owned != nullptr) cudaFreeAsync(owned, stream);
   return status;

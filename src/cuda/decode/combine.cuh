@@ -1,9 +1,10 @@
 // Merges the splits' partials (normalised O, lse) of each row into out and lse.
 //
-// NOTES: one CTA per row (b, h, i). Warp 0 folds attention/state.h's merge over
-// the splits' lse (a lane per split, then a butterfly over the lanes), so the
-// exponentials run once per split; the weights e^{lse_s - m} / l
-// (merge_weight) then scale each split's O, which the CTA reads as float4
+// NOTES: one CTA per row (b, h, i). Each warp folds attention/state.h's merge over
+// the splits' lse and the head's sink (a lane per split, the sink in lane 0,
+// then a butterfly over the lanes), so the exponentials run once per split;
+// the weights e^{lse_s - m} / l (merge_weight, written by warp 0) then scale
+// each split's O (the sink has none), which the CTA reads as float4
 // columns with the splits dealt over thread groups, every load independent of
 // the others and the first ones issued before the weights are known. A split whose lse is NaN (indices out of range) makes the row NaN.
 // Launched right behind the decode kernel (programmatic dependent launch), it
@@ -18,14 +19,18 @@
 
 namespace flashattn::cuda::decode {
 
-// The merged state of the row's splits; weight_s[s] receives split s's weight.
-// Warp 0 only.
+// The merged state of the row's splits and `sink` (sink_state); weight_s[s]
+// receives split s's weight from warp 0. Every warp runs it (each gets the same state).
+// NOTES: with warp 0 alone running it (the others skipping it at a branch),
+// the sm_80 build put 8 bytes of the d128 instance on the stack (local memory;
+// -Xptxas -v, CUDA 13); with every warp running it no decode kernel has a
+// stack frame on sm_80 or sm_90a.
 __device__ __forceinline__ RowState merge_split_states(const Work& w, int64_t row, int64_t split_rows,
-                                                       float* weight_s) {
+                                                       RowState sink, float* weight_s) {
   constexpr int kPerLane = kMaxSplits / 32;
   const int lane = threadIdx.x % 32;
   float lse[kPerLane];
-  RowState st = RowState::empty();
+  RowState st = lane == 0 ? sink : RowState::empty();
   bool nan = false;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
@@ -43,7 +48,7 @@ __device__ __forceinline__ RowState merge_split_states(const Work& w, int64_t ro
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const int s = lane + 32 * k;
-    if (s < w.splits) weight_s[s] = merge_weight(st, lse[k]);
+    if (threadIdx.x < 32 && s < w.splits) weight_s[s] = merge_weight(st, lse[k]);
   }
   return st;
 }
@@ -76,8 +81,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KvCacheParams p
     const int s = group + k * kGroups;
     early[k] = column_ok && s < w.splits ? split_o(s) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if (threadIdx.x < 32) {
-    const RowState st = merge_split_states(w, row, split_rows, weight_s);
+  {
+    const RowState st = merge_split_states(w, row, split_rows, sink_state(a, h), weight_s);
     if (threadIdx.x == 0) lse_s = st.lse();
   }
   __syncthreads();

@@ -25,6 +25,9 @@ struct Work {
   int splits;
   int query_tiles;
   int page_shift;       // paged cache with a power-of-two page: log2(block_size); else -1
+  // The Hopper route (api.cu): int32[batch], the append kernel writes each
+  // sequence's key count there (-1 where its indices are out of range); else null.
+  int32_t* key_counts;
 };
 
 // Shapes of one head-dim bucket (the real head dim may be smaller, a multiple of 8).
@@ -73,6 +76,10 @@ struct TileWork {
   bool length_ok;            // cache_seqlens[b] + new tokens fit the cache
   MaskPolicy mask;
   int tile_begin, tile_end;  // key tiles of this split
+
+  // Packed row r of the tile is query position query_of(r) of query head head_of(r).
+  __device__ int query_of(int r) const { return (row0 + r) / group; }
+  __device__ int head_of(int r) const { return hk * group + (row0 + r) % group; }
 };
 
 __device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work& w, int block_keys) {
@@ -105,6 +112,16 @@ __device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work
 // weighs every partial 0 (O = 0); NaN in any m_x or l_x reaches l and every weight.
 __device__ __forceinline__ float merge_weight(RowState merged, float m_x) {
   return merged.is_empty() ? 0.0f : expf(m_x - merged.m) / merged.l;
+}
+
+// The attention sink of query head h as a partial state (score_mod.h): one
+// more "key" of score z that carries no value, i.e. (m = z, l = 1, O = 0); the
+// empty state (the merge's identity) without sinks or with z = -inf. Folded
+// into each row's merge once, by the kernel that writes the output (the decode
+// kernel with one split, else the combine), it adds e^{z - m} to l: the lse
+// then includes the sink and every other partial's weight shrinks to match.
+__device__ __forceinline__ RowState sink_state(const AttentionParams& a, int h) {
+  return a.has_sinks() ? RowState::from_lse(a.sinks[h]) : RowState::empty();
 }
 
 // Programmatic dependent launch (sm_90 and newer; no-ops in the sm_80 build,

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "attention/rotary.h"
+#include "attention/score_mod.h"
 #include "attention/state.h"
 #include "core/kvcache.h"
 #include "core/numeric.h"
@@ -87,8 +88,9 @@ __device__ __forceinline__ void load_queries(const KvCacheParams& p, const Work&
 
 __device__ __forceinline__ uint32_t lds32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
-// One warp's state: Q as mma A fragments, its O fragments and the online
-// softmax of its two rows (g and g + 8 of the tile; m in the log2 domain).
+// One warp's state: Q as mma A fragments, its O fragments, the online
+// softmax of its two rows (g and g + 8 of the tile; m in the log2 domain) and
+// their ALiBi slopes (the rows of a packed tile belong to different query heads).
 template <int HeadDim>
 struct WarpState {
   using Tr = Traits<HeadDim>;
@@ -96,9 +98,11 @@ struct WarpState {
   float o[Tr::kOTiles][4];
   float m[2];
   float l[2];
+  float slope[2];  // 0 without ALiBi
 };
 
-// S = Q K^T of the warp's 16 keys, scaled, softcapped, masked (log2 domain).
+// S = Q K^T of the warp's 16 keys, scaled, softcapped, ALiBi-biased, masked
+// (log2 domain), in the order of attention/score_mod.h.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileWork& t, int key0,
                                              const T* k_s, const WarpState<HeadDim>& ws,
@@ -128,10 +132,12 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = g + (e >= 2 ? 8 : 0), j = key0 + nt * 8 + 2 * tq + (e & 1);
+      const int r = g + (e >= 2 ? 8 : 0), j = key0 + nt * 8 + 2 * tq + (e & 1), i = t.query_of(r);
       float x = s[nt][e] * a.scale;
       if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-      const bool visible = r < t.rows && t.mask.visible((t.row0 + r) / t.group, j);
+      // The distance counts from the diagonal of the sequence's keys (cache + new tokens).
+      if (a.has_alibi()) x = AlibiScore{ws.slope[e / 2], t.mask.diagonal_offset()}(x, i, j);
+      const bool visible = r < t.rows && t.mask.visible(i, j);
       s[nt][e] = visible ? x * kLog2e : -INFINITY;
     }
   }
@@ -221,7 +227,8 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
   __syncthreads();
   if (threadIdx.x < kMaxRows) {
     const int r = threadIdx.x;
-    RowState st = RowState::empty();
+    // With one split this is the row's whole key set: its sink joins here.
+    RowState st = w.splits == 1 && r < t.rows ? sink_state(a, t.head_of(r)) : RowState::empty();
     for (int sl = 0; sl < Tr::kKeySlices; ++sl) {
       const float* ml = ml_s + (sl * kMaxRows + r) * 2;
       st = merge_factors(st, RowState{ml[0], ml[1]}, OutputForm::kUnnormalized).merged;
@@ -253,9 +260,10 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
   }
 }
 
-// Q as the warp's mma A fragments, O zero, the softmax state empty.
+// Q as the warp's mma A fragments, O zero, the softmax state empty, the rows' slopes.
 template <typename T, int HeadDim>
-__device__ __forceinline__ void init_warp(const T* q_s, WarpState<HeadDim>& ws) {
+__device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWork& t, const T* q_s,
+                                          WarpState<HeadDim>& ws) {
   using Tr = Traits<HeadDim>;
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
 #pragma unroll
@@ -273,6 +281,11 @@ __device__ __forceinline__ void init_warp(const T* q_s, WarpState<HeadDim>& ws) 
   }
   ws.m[0] = ws.m[1] = -INFINITY;
   ws.l[0] = ws.l[1] = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    ws.slope[h] = a.has_alibi() && r < t.rows ? a.alibi_slope(t.b, t.head_of(r)) : 0.0f;
+  }
 }
 
 // NOTES: cp.async groups, oldest first: q, then one per key tile. The ring
@@ -317,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   const int warp = threadIdx.x / 32;
   const int slice = warp % Tr::kKeySlices, column0 = (warp / Tr::kKeySlices) * Tr::kColumns;
   WarpState<HeadDim> ws;
-  init_warp<T, HeadDim>(q_s, ws);
+  init_warp<T, HeadDim>(p.attn, t, q_s, ws);
   for (int it = 0; it < tiles; ++it) {
     cp_async_wait<Tr::kStages - 2>();
     __syncthreads();  // tile `it` landed for every thread; the stage read last turn is free
@@ -346,6 +359,15 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const KvCacheParams p,
   allow_dependent_launch();  // the decode kernel may launch and wait for this one
   const AttentionParams& a = p.attn;
   const int i = blockIdx.x, b = blockIdx.y, d = a.head_dim;
+  // The Hopper route's key counts: the forward reads every key of the sequence
+  // (through the cache's tensor map), so block 0 checks all of them again and
+  // marks a sequence with an index out of range (-1: its rows come out NaN, as
+  // from the decode kernel).
+  if (w.key_counts != nullptr && i == 0) {
+    const bool ok = __syncthreads_and(cache_length_valid(p, b) &&
+                                      keys_addressable(p, b, 0, p.keys(b), threadIdx.x, kThreads));
+    if (threadIdx.x == 0) w.key_counts[b] = ok ? p.keys(b) : -1;
+  }
   // Only the pages this block writes or reads (new tokens; rotated q reads none).
   const int first_new = p.cached_tokens(b);
   if (!__syncthreads_and(cache_length_valid(p, b) &&

@@ -37,6 +37,16 @@ constexpr int kMaxSplits = 64;
 // thread groups), so the O loads overlap the lse round trip.
 constexpr int kCombinePrefetch = 8;
 
+// Query rows per sequence from which a KV-cache call on an sm_90 device runs
+// the Hopper forward over the cache instead of these kernels (api.cu's route:
+// chunked prefill). Reasoned, not measured: the forward's smallest query tile
+// is 128 rows of one query head, so below 64 rows most of it is empty, and it
+// reads a K/V tile once per query head where these kernels pack a GQA group's
+// heads into one 16-row tile and read it once per group; from 64 rows on, the
+// decode kernel re-reads K/V once per 16 packed rows (at 512 rows with GQA 4:
+// 128 times) and reached 0.06-0.09x of the forward's TFLOP/s (issue 28).
+constexpr int kForwardMinQueryRows = 64;
+
 // Keys per K/V tile: 64 rows of up to 128 columns, 32 rows at head dim 256, so
 // one stage of K and V stays near 34 KiB (a multiple of the 16-key mma slice).
 constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket > 128 ? 32 : 64; }

@@ -16,14 +16,15 @@ bool supports_backward(const AttentionParams& p) {
   // NOTES, tuning.h); d 64/128 order the TMA reduce-adds, d 256 its red.global
   // adds (launch_backward checks the tuning allows one of them).
   if (p.deterministic && p.is_varlen()) return false;
-  // Softcap: dS needs 1 - tanh^2 next to P; a second path in the kernel for it
-  // made ptxas serialize the wgmmas (C7512) of every case: sm80 runs it.
-  if (p.softcap > 0.0f) return false;
+  // Softcap: exp_scores_softcap / ds_scores_softcap (softmax.cuh), which take
+  // tanh back from P and lse; with ALiBi that would need the bias again: the
+  // sm80 kernel runs softcap + ALiBi.
+  if (p.softcap > 0.0f && p.has_alibi()) return false;
   // Sinks need nothing of the main kernel (the lse holds them; their
   // gradient is bwd/sinks.cu's pass); ALiBi is exp_scores_alibi. Dropout:
   // the sm80 kernel runs it.
   if (p.has_dropout()) return false;
-  if (!BackwardHeadDims::exact(p.head_dim)) return false;
+  if (BackwardHeadDims::kernel_for(p.head_dim) == 0) return false;
   // The forward's checks (dtype, non-empty, int32 TMA coordinates, device 9.0)
   // hold for the backward's tensors too: dout/dq/dk/dv share q/k/v's shapes.
   return supports_forward(p);
@@ -35,16 +36,14 @@ bool can_run_backward(const AttentionParams& p) {
 }
 
 fa_status run_backward(const AttentionParams& p, const bwd::Workspace& ws) {
-  if (ws.accum_dim != p.head_dim)
-    return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width != head_dim");
+  const int kd = BackwardHeadDims::kernel_for(p.head_dim);
+  if (kd == 0) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: no kernel for head_dim " + std::to_string(p.head_dim));
+  if (ws.accum_dim != kd) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width != kernel head dim");
   const bool bf16 = p.dtype == FA_BF16;
-  const fa_status s = BackwardHeadDims::dispatch(p.head_dim, [&](auto d) {
+  return BackwardHeadDims::dispatch(kd, [&](auto d) {
     return bf16 ? launch_backward<decltype(d)::value, __nv_bfloat16>(p, ws)
                 : launch_backward<decltype(d)::value, __half>(p, ws);
   });
-  if (s == FA_ERROR_UNSUPPORTED && !BackwardHeadDims::exact(p.head_dim))
-    return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: no kernel for head_dim " + std::to_string(p.head_dim));
-  return s;
 }
 
 }  // namespace flashattn::cuda::sm90

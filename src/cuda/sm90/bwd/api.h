@@ -11,15 +11,15 @@
 namespace flashattn::cuda::sm90 {
 
 // True when the device of p is compute capability 9.0 and p is a case this
-// kernel handles (see tuning.h: f16/bf16, head_dim 64/128/256, no softcap, not
-// deterministic with varlen).
+// kernel handles (f16/bf16, head dims up to 256 on the kernels of head_dims.h,
+// no dropout, not softcap with ALiBi, not deterministic with varlen).
 bool supports_backward(const AttentionParams& p);
 
 // supports_backward(p), unless disabled_by_env() (FLASHATTN_DISABLE_SM90).
 bool can_run_backward(const AttentionParams& p);
 
 // Launches the main kernel on p.stream, reading ws.row_d and adding into
-// ws.dq_accum ([heads_q][total_q][ws.accum_dim], accum_dim == head_dim here).
+// ws.dq_accum ([heads_q][total_q][ws.accum_dim], accum_dim == the kernel head dim).
 fa_status run_backward(const AttentionParams& p, const bwd::Workspace& ws);
 
 }  // namespace flashattn::cuda::sm90

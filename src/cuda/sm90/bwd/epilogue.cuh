@@ -1,6 +1,7 @@
 // The Hopper backward's epilogue: dK (scaled: the scale is kept out of dS, see
 // softmax.cuh's NOTES) and dV of this consumer's keys and columns, from the
-// registers they accumulated in over the whole walk, for the sequence's keys only.
+// registers they accumulated in over the whole walk, for the sequence's keys and
+// the call's columns only (a head dim below the kernel's: head_dims.h).
 #pragma once
 
 #include "core/layout.h"
@@ -25,6 +26,7 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[K::kDvN / 2], cons
 #pragma unroll
     for (int i = 0; i < K::kDvN / 8; ++i) {
       const int c = (K::kSplitD ? th.cw * K::kDvN : 0) + 8 * i + 2 * th.quad;
+      if (c >= p.head_dim) continue;  // pairs never straddle it: head dims are multiples of 8
       *reinterpret_cast<uint32_t*>(dkrow + c) = pack2<T>(dk[4 * i + 2 * r] * p.scale, dk[4 * i + 2 * r + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dvrow + c) = pack2<T>(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
     }

@@ -12,6 +12,7 @@
 #include "cuda/bwd/workspace.h"
 #include "cuda/sm90/bwd/kernel.cuh"
 #include "cuda/sm90/bwd/launch.h"
+#include "cuda/head_dims.h"
 #include "cuda/sm90/tma.h"
 
 namespace flashattn::cuda::sm90 {
@@ -19,7 +20,7 @@ namespace flashattn::cuda::sm90 {
 template <int D, typename T>
 fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   using K = BwdTraits<D, T>;
-  if (p.head_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: head_dim mismatch");
+  if (BackwardHeadDims::kernel_for(p.head_dim) != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: head_dim mismatch");
   // Deterministic mode orders the dQ adds (TMA reduce-adds, or the split-d
   // red.global adds) on the sm80 semaphores, whose query tiles must be this
   // kernel's.
@@ -28,9 +29,11 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: deterministic mode needs matching dQ semaphores");
   const bool varlen = p.is_varlen();
   // Tensor maps (d, rows, heads, batch); varlen: rows = all tokens, batch 1.
+  // Their width is the call's head dim: TMA zero-fills the kernel's columns
+  // past it, so they add nothing to S, dP, dV, dK or dQ.
   CUtensorMap mq, mdq, mdo, mk, mv;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
-  FA_RETURN_IF_ERROR(make_call_map(&mq, p, CallTensor::kQ, D, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_call_map(&mq, p, CallTensor::kQ, p.head_dim, K::kBlockM));
   if constexpr (K::kDqTma) {
     // The f32 dQ accumulator [heads_q][total_q][D] as (D, rows, heads, batch).
     if (ws.accum_dim != D) return fail(FA_ERROR_UNSUPPORTED, "sm90 backward: dQ accumulator width");
@@ -46,9 +49,9 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   } else {
     mdq = CUtensorMap{};
   }
-  FA_RETURN_IF_ERROR(make_call_map(&mdo, p, CallTensor::kDout, D, K::kBlockM));
-  FA_RETURN_IF_ERROR(make_call_map(&mk, p, CallTensor::kK, D, K::kBlockN));
-  FA_RETURN_IF_ERROR(make_call_map(&mv, p, CallTensor::kV, D, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_call_map(&mdo, p, CallTensor::kDout, p.head_dim, K::kBlockM));
+  FA_RETURN_IF_ERROR(make_call_map(&mk, p, CallTensor::kK, p.head_dim, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_call_map(&mv, p, CallTensor::kV, p.head_dim, K::kBlockN));
 
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;

@@ -208,6 +208,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   op.build<K>(sm, th);
   const float scale_log2 = ws.scale_log2;
   const bool alibi = p.has_alibi();
+  const bool softcap = p.softcap > 0.0f;  // never with ALiBi here (api.cu)
 
   float dk[K::kDvN / 2], dv[K::kDvN / 2];
 #pragma unroll
@@ -243,6 +244,8 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       const AlibiScore alibi2{p.alibi_slope(cta.b, h) * kLog2e, cta.mask.diagonal_offset()};
       exp_scores_alibi<K>(st, op.lse_base + row_off, scale_log2, alibi2, cta.w.k0 + th.key_r,
                           q0 + th.q_col + 2 * th.quad, alibi_side<K>(q0, cta.w.k0, alibi2.diagonal_offset));
+    } else if (softcap) {
+      exp_scores_softcap<K>(st, op.lse_base + row_off, ws.inv_softcap, ws.softcap_log2);
     } else {
       exp_scores<K>(st, op.lse_base + row_off, scale_log2);
     }
@@ -262,7 +265,11 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    ds_scores<K>(dpt, st, op.d_base + row_off);
+    if (softcap) {
+      ds_scores_softcap<K>(dpt, st, op.d_base + row_off, op.lse_base + row_off, ws.inv_softcap_log2);
+    } else {
+      ds_scores<K>(dpt, st, op.d_base + row_off);
+    }
     if constexpr (K::kSplitD) {
       to_frags<K, T>(dpt, da);
     } else if constexpr (K::Tune::kEarlyDv) {

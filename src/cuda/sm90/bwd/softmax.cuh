@@ -2,6 +2,8 @@
 // fragments (keys as rows, ConsumerThread's layout):
 //   P^T  = exp2(S^T * scale*log2e + alibi*log2e - lse*log2e)    (0 where masked)
 //   dS^T = P^T * (dP^T - D)
+// with softcap c, S^T * scale becomes c tanh(S^T * scale / c) and dS^T gains
+// the factor 1 - tanh^2;
 // and the 16-bit A fragments and [key][query] shared-memory tiles made of them.
 //
 // NOTES:
@@ -38,6 +40,23 @@ __device__ __forceinline__ void exp_scores(float (&st)[K::kSN / 2], uint32_t lse
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, -((e & 1) ? lse2.y : lse2.x)));
+    }
+  }
+}
+
+// With softcap c: P^T = exp2(c log2e tanh(S^T * scale / c) - lse2);
+// inv_cap = scale / c, cap_log2 = c log2e (bwd::Workspace).
+template <class K>
+__device__ __forceinline__ void exp_scores_softcap(float (&st)[K::kSN / 2], uint32_t lse_row, float inv_cap,
+                                                   float cap_log2) {
+  fence_operands(st);
+#pragma unroll
+  for (int i = 0; i < K::kSN / 8; ++i) {
+    const float2 lse2 = ld_shared_v2(lse_row + 32u * i);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float th = SoftcapScore::unscaled(st[4 * i + e], inv_cap);
+      st[4 * i + e] = fast_exp2(fmaf(th, cap_log2, -((e & 1) ? lse2.y : lse2.x)));
     }
   }
 }
@@ -131,6 +150,35 @@ __device__ __forceinline__ void ds_scores(float (&dpt)[K::kSN / 2], const float 
     const float2 dd = ld_shared_v2(d_row + 32u * i);
 #pragma unroll
     for (int e = 0; e < 4; ++e) dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x));
+  }
+}
+
+// With softcap: dS^T = P^T * (dP^T - D) * (1 - th^2), th = tanh(S^T scale / c),
+// the softcapped logit's derivative. th is taken back from P rather than kept
+// from exp_scores_softcap: log2 P = c log2e th - lse2, so
+//   th = (log2 P + lse2) / (c log2e)
+// NOTES: keeping th beside P (a second kSN / 2 array live across the dP wait)
+// made ptxas serialize the wgmmas (C7512); this costs one lg2 and one lse load
+// a pair instead. th is clamped to [-1, 1]: rounding may step past it, and a
+// P of 0 (masked, underflowed, or a row that sees no key with its +inf lse2)
+// gives -inf or NaN there, which the clamp turns into th = +-1 (factor 0,
+// dS 0, as P is 0). inv_cap_log2 = 1 / (c log2e).
+template <class K>
+__device__ __forceinline__ void ds_scores_softcap(float (&dpt)[K::kSN / 2], const float (&st)[K::kSN / 2],
+                                                  uint32_t d_row, uint32_t lse_row, float inv_cap_log2) {
+  fence_operands(dpt);
+#pragma unroll
+  for (int i = 0; i < K::kSN / 8; ++i) {
+    const float2 dd = ld_shared_v2(d_row + 32u * i);
+    float2 lse2 = ld_shared_v2(lse_row + 32u * i);
+    lse2.x *= inv_cap_log2;
+    lse2.y *= inv_cap_log2;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = st[4 * i + e];
+      const float th = fminf(fmaxf(fmaf(fast_log2(p), inv_cap_log2, (e & 1) ? lse2.y : lse2.x), -1.0f), 1.0f);
+      dpt[4 * i + e] = p * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x)) * fmaf(-th, th, 1.0f);
+    }
   }
 }
 

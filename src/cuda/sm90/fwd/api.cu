@@ -9,6 +9,7 @@
 #include "cuda/head_dims.h"
 #include "cuda/sm90/fwd/api.h"
 #include "cuda/sm90/fwd/launch.h"
+#include "cuda/sm90/fwd/tuning.h"
 
 namespace flashattn::cuda::sm90 {
 namespace {
@@ -49,16 +50,29 @@ bool can_run_forward(const AttentionParams& p) { return !disabled_by_env() && su
 
 // A head dim runs on the smallest kernel that holds it (head_dims.h; see
 // kernel.cuh for how the columns past it are zero-filled and never stored).
-fa_status run_forward(const AttentionParams& p) {
+fa_status run_forward(const AttentionParams& p, const KvPages& pages) {
   const int kd = ForwardHeadDims::kernel_for(p.head_dim);
   const bool bf16 = p.dtype == FA_BF16;
   const fa_status s = ForwardHeadDims::dispatch(kd, [&](auto d) {
-    return bf16 ? launch_forward<decltype(d)::value, __nv_bfloat16>(p)
-                : launch_forward<decltype(d)::value, __half>(p);
+    return bf16 ? launch_forward<decltype(d)::value, __nv_bfloat16>(p, pages)
+                : launch_forward<decltype(d)::value, __half>(p, pages);
   });
   if (s == FA_ERROR_UNSUPPORTED && kd == 0)
     return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: no kernel for head_dim " + std::to_string(p.head_dim));
   return s;
+}
+
+// A paged call runs the kBlockN instantiation of its head dim (launch.cuh's
+// visit_instantiation): its key tile is what the page must fit.
+bool pages_fit(int head_dim, int page_size) {
+  bool fit = false;
+  ForwardHeadDims::dispatch(ForwardHeadDims::kernel_for(head_dim), [&](auto d) {
+    constexpr int n = ForwardTuning<decltype(d)::value>::kBlockN;
+    const bool power_of_two = page_size > 0 && (page_size & (page_size - 1)) == 0;
+    fit = power_of_two && page_size >= 8 && (n % page_size == 0 || page_size % n == 0);
+    return FA_OK;
+  });
+  return fit;
 }
 
 size_t forward_workspace_size(const AttentionParams& p) {

@@ -192,6 +192,9 @@ struct Epilogue {
       // Empty: l == 0 exactly (l >= 1 once a key is seen); a NaN score made
       // l NaN (fmaxf kept it out of m), and NaN reaches O and the lse.
       inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
+      // A sequence whose indices the device found out of range (seqused_k -1,
+      // layout.h): NaN rows, O and lse.
+      if (w.seq.seqlen_k < 0) l[r] = inv[r] = NAN;
     }
     // A part of a split tail tile: only the warp that merges the tile's last
     // part stores the rows (from registers: the other warps of its warpgroup

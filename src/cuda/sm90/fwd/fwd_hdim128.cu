@@ -2,7 +2,7 @@
 #include "cuda/sm90/fwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
-template fa_status launch_forward<128, __half>(const AttentionParams&);
-template fa_status launch_forward<128, __nv_bfloat16>(const AttentionParams&);
+template fa_status launch_forward<128, __half>(const AttentionParams&, const KvPages&);
+template fa_status launch_forward<128, __nv_bfloat16>(const AttentionParams&, const KvPages&);
 template size_t forward_workspace_bytes<128>(const AttentionParams&);
 }  // namespace flashattn::cuda::sm90

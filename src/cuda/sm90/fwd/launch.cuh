@@ -102,7 +102,8 @@ fa_status plan_forward(const AttentionParams& p, ForwardPlan& plan) {
   // tile's parts through the workspace.
   constexpr bool kHasSplitTail = Tune::kSplitTail && N == Tune::kLongBlockN;
   const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
-  const bool uniform = !p.has_mask() && !p.is_varlen();
+  // (Per-sequence key counts, seqused_k: tiles of unequal cost.)
+  const bool uniform = !p.has_mask() && !p.is_varlen() && p.seqused_k == nullptr;
   a.tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
                            kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
   a.part_o = nullptr;
@@ -117,8 +118,29 @@ fa_status plan_forward(const AttentionParams& p, ForwardPlan& plan) {
   return FA_OK;
 }
 
+// The K and V maps: over the call's K/V, boxes of a key tile; or, paged, over
+// the pool's pages (d, page_size, heads_kv, num_pages as the batch), boxes of
+// min(page_size, kBlockN) rows, the pieces of a key tile the producer loads.
+template <int kBlockN>
+fa_status make_kv_maps(CUtensorMap* mk, CUtensorMap* mv, const AttentionParams& p, const KvPages& pages) {
+  if (pages.block_table == nullptr) {
+    FA_RETURN_IF_ERROR(make_call_map(mk, p, CallTensor::kK, p.head_dim, kBlockN));
+    return make_call_map(mv, p, CallTensor::kV, p.head_dim, kBlockN);
+  }
+  const int page = pages.page_size;  // api.h's pages_fit, for this instantiation's key tile
+  if (page != 1 << pages.page_shift || page < 8 || (kBlockN % page != 0 && page % kBlockN != 0))
+    return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: the page size does not fit the key tile");
+  AttentionParams pool = p;
+  pool.batch = pages.num_pages;
+  const uint32_t box = static_cast<uint32_t>(page < kBlockN ? page : kBlockN);
+  FA_RETURN_IF_ERROR(make_attention_map(
+      mk, pool, {p.k, page, p.heads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride}, p.head_dim, box));
+  return make_attention_map(
+      mv, pool, {p.v, page, p.heads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride}, p.head_dim, box);
+}
+
 template <class Tune, typename T, int C, int N>
-fa_status launch_kernel(const AttentionParams& p) {
+fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   using K = FwdTraits<Tune, C, N>;
   constexpr int D = K::kHeadDim;
   if (p.head_dim > D || p.head_dim <= 0 || p.head_dim % 8 != 0)
@@ -128,8 +150,7 @@ fa_status launch_kernel(const AttentionParams& p) {
   // d is the real head dim: TMA zero-fills the box columns past it.
   CUtensorMap mq, mk, mv, mo;
   FA_RETURN_IF_ERROR(make_call_map(&mq, p, CallTensor::kQ, p.head_dim, K::kBlockM));
-  FA_RETURN_IF_ERROR(make_call_map(&mk, p, CallTensor::kK, p.head_dim, K::kBlockN));
-  FA_RETURN_IF_ERROR(make_call_map(&mv, p, CallTensor::kV, p.head_dim, K::kBlockN));
+  FA_RETURN_IF_ERROR(make_kv_maps<K::kBlockN>(&mk, &mv, p, pages));
   // O, 64 rows per box (one consumer warpgroup's rows); only where the
   // kernel stores through TMA (not varlen), else an unused copy of Q's map.
   if (K::kOTma && !varlen) {
@@ -142,6 +163,7 @@ fa_status launch_kernel(const AttentionParams& p) {
   if (const fa_status s = plan_forward<Tune, C, N>(p, plan); s != FA_OK) return s;
   if (plan.grid == 0) return FA_OK;
   FwdArgs& a = plan.a;
+  a.pages = pages;
   const int grid = plan.grid;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   // The split tail's workspace from the stream-ordered pool (reported by
@@ -182,15 +204,17 @@ fa_status launch_kernel(const AttentionParams& p) {
 // tile on the masked diagonal (5-10% slower than 128-row tiles at 512-4k,
 // equal at 8k/16k). Where the middle query row sees at least
 // kLongKeys keys, kLongBlockN-key tiles where the tuning has them (tuning.h
-// says why). visit_instantiation calls v.template run<Tune, C, N>() for the
+// says why), except over pages (paged: pages_fit, api.cu, holds for kBlockN).
+// visit_instantiation calls v.template run<Tune, C, N>() for the
 // instantiation a call of head dim D takes.
 template <int D, class Visitor>
-fa_status visit_instantiation(const AttentionParams& p, Visitor& v) {
+fa_status visit_instantiation(const AttentionParams& p, Visitor& v, bool paged = false) {
   using Tune = ForwardTuning<D>;
   if constexpr (Tune::kCausalConsumers != Tune::kConsumers) {
     if (p.window_right == 0) return v.template run<Tune, Tune::kCausalConsumers, Tune::kBlockN>();
   }
   if constexpr (Tune::kLongBlockN != Tune::kBlockN) {
+    if (paged) return v.template run<Tune, Tune::kConsumers, Tune::kBlockN>();
     // The middle query row's keys: the length of a typical query tile's K/V
     // walk (seqlen_k without a mask, about half of it causal; varlen: of the
     // longest sequences).
@@ -204,8 +228,9 @@ fa_status visit_instantiation(const AttentionParams& p, Visitor& v) {
 template <typename T>
 struct LaunchVisitor {
   const AttentionParams& p;
+  const KvPages& pages;
   template <class Tune, int C, int N>
-  fa_status run() const { return launch_kernel<Tune, T, C, N>(p); }
+  fa_status run() const { return launch_kernel<Tune, T, C, N>(p, pages); }
 };
 
 struct WorkspaceVisitor {
@@ -221,9 +246,9 @@ struct WorkspaceVisitor {
 };
 
 template <int D, typename T>
-fa_status launch_forward(const AttentionParams& p) {
-  LaunchVisitor<T> v{p};
-  return visit_instantiation<D>(p, v);
+fa_status launch_forward(const AttentionParams& p, const KvPages& pages) {
+  LaunchVisitor<T> v{p, pages};
+  return visit_instantiation<D>(p, v, pages.block_table != nullptr);
 }
 
 template <int D>

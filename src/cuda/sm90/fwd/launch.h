@@ -8,13 +8,14 @@
 #include <cstddef>
 
 #include "core/params.h"
+#include "cuda/sm90/fwd/api.h"
 
 namespace flashattn::cuda::sm90 {
 
 // Instantiated in fwd_hdim*.cu (head_dims.h's list); the definition is not
 // visible elsewhere, so nothing else instantiates it.
 template <int kD, typename T>
-fa_status launch_forward(const AttentionParams& p);
+fa_status launch_forward(const AttentionParams& p, const KvPages& pages);
 
 // Bytes of the stream-ordered workspace launch_forward<kD, T> allocates for p
 // (the split tail's partial states; 0 for most calls).

@@ -89,9 +89,10 @@ struct Consumer {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) sc[i] = SoftcapScore::unscaled(sc[i], a.softcap_in);
     }
-    if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, t, n, lane);
+    RowShift shift;
+    if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, shift, t, n, lane);
     mask_key_tile<kBlockN>(sc, t, n, lane);
-    online_softmax(sc, m, l, corr, a.scale_log2);
+    online_softmax(sc, m, l, corr, a.scale_log2, MufuExp2{}, shift);
   }
   // O *= exp(m_old - m_new), inside the turn: between issuing S = Q K^T and
   // O += P V (which needs it) the warp would wait on the tensor pipe's queue
@@ -118,6 +119,29 @@ struct Consumer {
   __device__ __forceinline__ void release(uint64_t* bar) const {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
+  }
+  // NOTES (keys past a sequence's count): with seqused_k (the KV-cache route)
+  // a sequence's last key tile may run past its keys into cache rows that
+  // hold anything, NaN included. The mask sets their scores to -inf, so P is
+  // 0 there, but 0 * NaN in P V is NaN: the rows of V past the count are
+  // zeroed in shared memory before P V reads the stage. Every consumer
+  // warpgroup zeroes them before its own P V (the same value, so the order
+  // among warpgroups does not matter), whole 128-byte rows (the swizzle
+  // permutes 16-byte chunks within a row), then a proxy fence for wgmma.
+  __device__ __forceinline__ void clear_v_past_keys(const RowTile& t, int n, int s) const {
+    if (p.seqused_k == nullptr) return;
+    const int first = max(t.w.seq.seqlen_k - n * kBlockN, 0);
+    if (first >= kBlockN) return;
+    constexpr int kChunksPerRow = 128 / sizeof(uint4);
+    const int chunks = (kBlockN - first) * kChunksPerRow;
+    T* stage = sm.v + s * K::kColBlocks * kBlockN * 64;
+#pragma unroll
+    for (int c = 0; c < K::kColBlocks; ++c) {
+      uint4* rows = reinterpret_cast<uint4*>(stage + (c * kBlockN + first) * 64);
+      for (int i = warp * 32 + lane; i < chunks; i += 128) rows[i] = make_uint4(0, 0, 0, 0);
+    }
+    fence_proxy_async_smem();
+    named_sync(K::kOBarrier0 + cw, 128);
   }
   // The tile's Q buffer: the producer filled it for the qt-th tile with loads.
   __device__ __forceinline__ void claim_q() {
@@ -171,6 +195,7 @@ struct Consumer {
                                            uint32_t ph_prev) {
     mbar_wait(&sm.full_k[s], ph);
     mbar_wait(&sm.full_v[s_prev], ph_prev);
+    clear_v_past_keys(t, n + 1, s_prev);
     named_sync(my_turn, kTurnThreads);
     fence_operands(o);
     fence_operands(pa);
@@ -272,6 +297,7 @@ struct Consumer {
           fused = have_next && nxt.w.n_end > nxt.w.n_begin;
         }
         mbar_wait(&sm.full_v[s], ph);
+        clear_v_past_keys(cur, w.n_begin, s);
         if (fused) {
           last_turn_fused(cur, nxt, s);
         } else {

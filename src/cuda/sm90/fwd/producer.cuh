@@ -70,10 +70,39 @@ struct TmaProducer {
     mbar_wait(is_k ? &sm.empty_k[s] : &sm.empty_v[s], ph ^ 1);
     mbar_arrive_expect_tx(full, K::kKVBytes);
     T* dst = (is_k ? sm.k : sm.v) + s * K::kColBlocks * K::kBlockN * 64;
+    const CUtensorMap* map = is_k ? tma_k : tma_v;
+    if (a.pages.block_table != nullptr) {
+      load_pages(dst, map, full, n, l, hk);
+      return;
+    }
 #pragma unroll
     for (int c = 0; c < K::kColBlocks; ++c)
-      tma_load_4d(dst + c * K::kBlockN * 64, is_k ? tma_k : tma_v, full, c * 64, l.row_k0 + n * K::kBlockN, hk,
-                  l.bq);
+      tma_load_4d(dst + c * K::kBlockN * 64, map, full, c * 64, l.row_k0 + n * K::kBlockN, hk, l.bq);
+  }
+
+  // Key tile n of a paged cache (a.pages): pieces of box = min(page, kBlockN)
+  // rows, each within one page (pages_fit), at its row of the page. A piece
+  // past the sequence's keys (a tile is loaded only if it holds some, so the
+  // count is >= 1) takes the sequence's last page: only the table entries of
+  // its own pages are read, which the append kernel checked (api.cu); the rows
+  // loaded there are masked, and their V zeroed (mainloop.cuh).
+  // NOTES: power-of-two pages (shifts, no division) and the key count read
+  // here rather than carried in Loads: the producer runs on kProducerRegs
+  // registers, and a division and one more field of the two Loads it holds
+  // spilled ~150 bytes at every head dim (-Xptxas -v).
+  __device__ __forceinline__ void load_pages(T* dst, const CUtensorMap* map, uint64_t* full, int n, const Loads& l,
+                                             int hk) const {
+    const int shift = a.pages.page_shift;
+    const int box = min(1 << shift, K::kBlockN);
+    const int32_t* table = a.pages.block_table + l.bq * a.pages.table_stride;
+    const int last = (p.seqused_k[l.bq] - 1) >> shift;
+    for (int r = 0; r < K::kBlockN; r += box) {
+      const int key = n * K::kBlockN + r;
+      const int pool_page = table[min(key >> shift, last)];
+#pragma unroll 1
+      for (int c = 0; c < K::kColBlocks; ++c)
+        tma_load_4d(dst + (c * K::kBlockN + r) * 64, map, full, c * 64, key & ((1 << shift) - 1), hk, pool_page);
+    }
   }
 
   // NOTES: with two Q buffers, the next tile's Q is requested right after the

@@ -23,8 +23,21 @@ struct MufuExp2 {
   __device__ __forceinline__ float operator()(float x, int) const { return fast_exp2(x); }
 };
 
+// A score term constant along each of this thread's two rows within a key
+// tile, kept out of S's elements (alibi_key_tile): the scores are S + v[r].
+// 0 without one; a runtime value, so the softmax is one copy of code.
+struct RowShift {
+  float v[2] = {0.0f, 0.0f};
+};
+
 // One online-softmax step on a warpgroup's S fragment (2 rows per thread):
 // new row max, correction factor for the old O and l, P = exp(S - max) in place.
+// With a row shift the scores are S + shift.v[r]: it enters the row max and,
+// folded into the exponent's per-row addend, the exponentials, so it costs
+// two adds a row instead of one an element.
+// NOTES: the shift differs between the lanes of a quad (it holds each lane's
+// first column), so the quad's max is taken on S + shift, not on S with the
+// old max shifted down (which mixed the lanes' units).
 // NOTES: the row max and row sum are reduced through kAcc independent partials
 // and both rows' shuffles are issued together: as one chain per row they were
 // 32 dependent FMNMX (and FADD) per row, which ptxas kept in order (fmax and
@@ -32,7 +45,8 @@ struct MufuExp2 {
 // behind the whole max chain of row 0.
 template <int kN, typename Exp2 = MufuExp2>
 __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], float (&l)[2],
-                                               float (&corr)[2], float scale_log2, Exp2 exp2 = {}) {
+                                               float (&corr)[2], float scale_log2, Exp2 exp2 = {},
+                                               RowShift shift = {}) {
   constexpr int kPairs = kN / 4;  // (element pairs per row)
   constexpr int kAcc = kPairs % 4 == 0 ? 4 : (kPairs % 2 == 0 ? 2 : 1);
   float mx[2];
@@ -44,10 +58,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
 #pragma unroll
     for (int i = kAcc; i < kPairs; ++i)
       part[i % kAcc] = fmaxf(part[i % kAcc], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
-    // m_new = max(m, rowmax(S)) (this thread's quarter of the row, then the quad)
-    mx[r] = m[r];
+    // m_new = max(m, rowmax(S) + shift) (this thread's quarter of the row, then the quad)
+    mx[r] = part[0];
 #pragma unroll
-    for (int a = 0; a < kAcc; ++a) mx[r] = fmaxf(mx[r], part[a]);
+    for (int a = 1; a < kAcc; ++a) mx[r] = fmaxf(mx[r], part[a]);
+    mx[r] = fmaxf(m[r], mx[r] + shift.v[r]);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
@@ -59,6 +74,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
     // exp2(-inf - 0) = 0 rather than NaN.
     const float ms = mx[r] == -INFINITY ? 0.0f : mx[r] * scale_log2;
     corr[r] = fast_exp2(m[r] * scale_log2 - ms);  // exp(m_old - m_new)
+    // the exponent's addend: (m_new - shift) * scale * log2 e
+    const float msh = fmaf(-shift.v[r], scale_log2, ms);
     m[r] = mx[r];
     float sum[kAcc];
 #pragma unroll
@@ -67,8 +84,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
     for (int i = 0; i < kPairs; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        // P = exp2(S * scale * log2 e - m_new * scale * log2 e)
-        const float v = exp2(fmaf(s[4 * i + 2 * r + e], scale_log2, -ms), 4 * i + 2 * r + e);
+        // P = exp2((S + shift) * scale * log2 e - m_new * scale * log2 e)
+        const float v = exp2(fmaf(s[4 * i + 2 * r + e], scale_log2, -msh), 4 * i + 2 * r + e);
         s[4 * i + 2 * r + e] = v;
         sum[i % kAcc] += v;
       }
@@ -83,31 +100,33 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN], float (&m)[2], fl
 }
 
 // ALiBi on this thread's two rows of key tile n (score_mod.h): S += bias in
-// the units of S (t.alibi's slope is divided by the logit scale). Runs before
-// the mask, which overwrites what it removes with -inf.
+// the units of S (t.alibi's slope is divided by the logit scale), its
+// row-constant part in shift (online_softmax). Runs before the mask, which
+// overwrites what it removes with -inf.
 // NOTES: bias = -slope |i + off - j|. Where every (row, key) pair of the CTA's
 // tile lies on one side of the diagonal (all tiles but those it crosses),
 // the sign is known and the bias is linear in the key:
 //   bias = sgn slope (j - i - off) = base_r + sgn slope c,  c = j - col0,
-// base_r = sgn slope (col0 - i - off) once per row and tile, so an element
-// costs an FFMA and an FADD. The per-element form converts |i + off - j| to
-// float (I2F), which shares the pipe with the softmax's ex2: it made ALiBi
-// cost the forward 12-19%.
+// base_r = sgn slope (col0 - i - off) once per row and tile (the shift), so
+// an element costs one FFMA (S + sgn slope c, c a constant). The per-element
+// form converts |i + off - j| to float (I2F), which shares the pipe with the
+// softmax's ex2: it made ALiBi cost the forward 12-19%; base_r added to each
+// element (an FFMA and an FADD) 8-22%.
 template <int kBlockN>
-__device__ __forceinline__ void alibi_key_tile(float (&s)[kBlockN / 2], const RowTile& t, int n, int lane) {
+__device__ __forceinline__ void alibi_key_tile(float (&s)[kBlockN / 2], RowShift& shift, const RowTile& t, int n,
+                                               int lane) {
   const int col0 = n * kBlockN + 2 * (lane % 4);
   const int off = t.alibi.diagonal_offset, n0 = n * kBlockN;
   const bool below = t.w.m0 + off >= n0 + kBlockN - 1;  // every key j <= i + off
   const bool above = t.rows_end - 1 + off <= n0;        // every key j >= i + off
   if (below || above) {
     const float sslope = below ? t.alibi.slope : -t.alibi.slope;
-    float base[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) base[r] = sslope * static_cast<float>(col0 - (t.row0 + 8 * r + off));
+    for (int r = 0; r < 2; ++r) shift.v[r] = sslope * static_cast<float>(col0 - (t.row0 + 8 * r + off));
 #pragma unroll
     for (int i = 0; i < kBlockN / 8; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[4 * i + e] += fmaf(sslope, static_cast<float>(8 * i + (e & 1)), base[e >> 1]);
+      for (int e = 0; e < 4; ++e) s[4 * i + e] = fmaf(sslope, static_cast<float>(8 * i + (e & 1)), s[4 * i + e]);
     }
     return;
   }

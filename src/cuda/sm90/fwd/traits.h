@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "attention/work_plan.h"
+#include "cuda/sm90/fwd/api.h"
 #include "cuda/sm90/fwd/tuning.h"
 
 namespace flashattn::cuda::sm90 {
@@ -21,6 +22,7 @@ struct FwdArgs {
   float scale_log2;   // logit_scale * log2(e): exp(x) = exp2(x * log2 e)
   float logit_scale;  // logits = S * logit_scale after the optional tanh
   float softcap_in;   // 0: no softcap; else S -> tanh(S * softcap_in), softcap_in = scale / softcap
+  KvPages pages;      // K/V through a block table (api.h); block_table null: dense
 };
 
 // Tune: a tuning type (tuning.h's ForwardTuning<D> or a benchmark's own).
