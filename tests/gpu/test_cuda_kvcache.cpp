@@ -5,8 +5,8 @@
 // capture and replay with new cache_seqlens.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -48,6 +48,15 @@ struct DeviceKv {
     out = DeviceTensor::upload(out_like);
     lse = DeviceTensor::upload(lse_like);
   }
+  // Outputs prefilled with finite values instead (bytes 0x11: finite in f16,
+  // bf16 and f32), for calls that must write NaN: a NaN after the call was
+  // written by it.
+  void prefill_finite() {
+    std::fill(out_like.bytes.begin(), out_like.bytes.end(), kFiniteByte);
+    std::fill(lse_like.bytes.begin(), lse_like.bytes.end(), kFiniteByte);
+    poison();
+  }
+  static constexpr uint8_t kFiniteByte = 0x11;
   fa_kvcache describe() {
     return host->describe(&k_cache.desc, &v_cache.desc, &k_new.desc, &v_new.desc, &cos.desc,
                           &sin.desc, static_cast<const int32_t*>(table.get()),
@@ -223,6 +232,7 @@ TEST_P(CudaKvCacheBadPage, PoisonsOnlyItsSequence) {
   const int64_t pool = static_cast<int64_t>(p.k_cache.bytes.size()) / (int64_t{page} * c.heads_kv * c.head_dim * 2);
   p.block_table[p.max_blocks + 320 / page] = static_cast<int32_t>(pool + 3);  // key 320 of sequence 1
   DeviceKv bad(p);
+  bad.prefill_finite();
   desc = bad.describe();
   desc.trust_indices = 1;
   ASSERT_TRUE(call_completed(fa_forward_kvcache(&bad.q.desc, &desc, &bad.out.desc, &bad.lse.desc, &o, nullptr, 0)));
@@ -280,7 +290,9 @@ TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
     for (size_t b = 0; b < p.cache_seqlens.size(); ++b) p.cache_seqlens[b] += step == 0 ? 0 : 1;
     if (overflow) p.cache_seqlens[1] = capacity;  // + 1 new token: beyond the cache
     cudaMemcpy(d.lens.get(), p.cache_seqlens.data(), p.cache_seqlens.size() * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy(d.out.memory.get(), d.out_like.bytes.data(), d.out.bytes, cudaMemcpyHostToDevice);
+    // The overflowing replay must write its NaN: its output starts finite.
+    if (overflow) cudaMemset(d.out.memory.get(), DeviceKv::kFiniteByte, d.out.bytes);
+    else cudaMemcpy(d.out.memory.get(), d.out_like.bytes.data(), d.out.bytes, cudaMemcpyHostToDevice);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     if (!overflow) {
@@ -434,6 +446,7 @@ TEST(CudaKvCacheChunked, OverflowingLengthPoisonsOnlyItsSequence) {
 
   p.cache_seqlens[1] = static_cast<int32_t>(p.k_cache.desc.shape[1]);  // + 130 new: past the capacity
   DeviceKv bad(p);
+  bad.prefill_finite();
   desc = bad.describe();
   desc.trust_indices = 1;
   ASSERT_TRUE(call_completed(fa_forward_kvcache(&bad.q.desc, &desc, &bad.out.desc, &bad.lse.desc, &o, nullptr, 0)));
