@@ -98,10 +98,11 @@ struct DropoutTuning<256> : Sm80Tile<64, 32, 1, false, true, true> {};
 // bytes (sm_90a; 248 at d 128 on sm_80). d 128 takes 128 x 32, one stage (the
 // S tile halved; no spill on sm_80 or sm_90a): 1.949 ms at density 1 against
 // 2.138 for 64 x 64 (two stages), 2.596 for 64 x 128 and 3.170 for 64 x 64
-// with three stages (the last two hold one CTA per SM), and 128 x 32 with two
-// or three stages spilled 8 bytes (H100, bench/probes/block_sparse_cuda.py,
-// docs/variants.md). d 64 takes 64 x 128 (one m16 tile per warp; not
-// measured against others). The rest keep their shape.
+// with three stages (the last two hold one CTA per SM); 128 x 32 with two or
+// three stages spilled 8 bytes (sm_90a / sm_80). H100,
+// bench/probes/block_sparse_cuda.py, docs/variants.md. d 64 takes 64 x 128
+// (one m16 tile per warp; not measured against others). The rest keep their
+// shape.
 template <int HeadDim>
 struct BlockSparseTuning : ForwardTuning<HeadDim> {};
 template <>
