@@ -23,9 +23,8 @@ FA_HOST_DEVICE SequenceInfo sequence_info(const AttentionParams& p, int b) {
     const int32_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
     return {p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0, q0, k0};
   }
-  // seqused_k is device memory: this branch runs on the host only where it is null.
-  return {p.seqlen_q, p.seqused_k != nullptr ? p.seqused_k[b] : p.seqlen_k,
-          static_cast<int64_t>(b) * p.seqlen_q, static_cast<int64_t>(b) * p.seqlen_k};
+  return {p.seqlen_q, p.seqlen_k, static_cast<int64_t>(b) * p.seqlen_q,
+          static_cast<int64_t>(b) * p.seqlen_k};
 }
 
 FA_HOST_DEVICE MaskPolicy mask_for(const AttentionParams& p, const SequenceInfo& s) {

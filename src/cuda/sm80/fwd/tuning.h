@@ -82,7 +82,7 @@ struct ForwardTuning<256> : Sm80Tile<64, 64, 1, false, true, true> {};
 // 64 x 64 (one m16 tile per warp) holds both without spills (201 / 243
 // registers). d 256 spilled 8 bytes at 64 x 64 and takes 32-key tiles. FA2
 // also runs dropout on narrower tiles. The rest keep their shape (d 96's
-// 64 x 128 spills 8 bytes in the sm_80 build, none in sm_90a).
+// 64 x 128 spills 4 bytes in the sm_80 build, none in sm_90a).
 template <int HeadDim>
 struct DropoutTuning : ForwardTuning<HeadDim> {};
 template <>

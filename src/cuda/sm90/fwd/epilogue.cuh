@@ -193,8 +193,10 @@ struct Epilogue {
       // l NaN (fmaxf kept it out of m), and NaN reaches O and the lse.
       inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;
       // A sequence whose indices the device found out of range (seqused_k -1,
-      // layout.h): NaN rows, O and lse.
-      if (w.seq.seqlen_k < 0) l[r] = inv[r] = NAN;
+      // the KV-cache route): NaN rows, O and lse.
+      if constexpr (K::kCache) {
+        if (w.seq.seqlen_k < 0) l[r] = inv[r] = NAN;
+      }
     }
     // A part of a split tail tile: only the warp that merges the tile's last
     // part stores the rows (from registers: the other warps of its warpgroup

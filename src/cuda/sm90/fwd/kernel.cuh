@@ -31,15 +31,15 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Tune, typename T, int C, int N, bool kSplit>
-__global__ void __launch_bounds__(FwdTraits<Tune, C, N>::kThreads, 1)
+template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false>
+__global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
                    const __grid_constant__ CUtensorMap tma_v,
                    const __grid_constant__ CUtensorMap tma_o,
                    const __grid_constant__ AttentionParams p, const FwdArgs a) {
 #if FLASHATTN_SM90_DEVICE
-  using K = FwdTraits<Tune, C, N>;
+  using K = FwdTraits<Tune, C, N, kCache>;
   extern __shared__ uint8_t smem_raw[];
   const FwdSmem<K, T> sm(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
 

@@ -182,7 +182,8 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
     }
   }
 
-  auto kernel = forward_kernel<Tune, T, C, N, false>;
+  // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
+  auto kernel = p.seqused_k != nullptr ? forward_kernel<Tune, T, C, N, false, true> : forward_kernel<Tune, T, C, N, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err == cudaSuccess) {
     kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mk, mv, mo, p, a);

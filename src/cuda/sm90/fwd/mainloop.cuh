@@ -129,7 +129,7 @@ struct Consumer {
   // among warpgroups does not matter), whole 128-byte rows (the swizzle
   // permutes 16-byte chunks within a row), then a proxy fence for wgmma.
   __device__ __forceinline__ void clear_v_past_keys(const RowTile& t, int n, int s) const {
-    if (p.seqused_k == nullptr) return;
+    if constexpr (!K::kCache) return;
     const int first = max(t.w.seq.seqlen_k - n * kBlockN, 0);
     if (first >= kBlockN) return;
     constexpr int kChunksPerRow = 128 / sizeof(uint4);
@@ -163,7 +163,7 @@ struct Consumer {
   // The next valid tile from step `step` on (producer and consumers skip the same ones).
   __device__ __forceinline__ bool next_tile(int& step, RowTile& t) const {
     for (; step < a.num_steps; ++step) {
-      if (!work_at<kBlockM, kBlockN, kSplit>(p, a, step, t.w, t.seg)) continue;
+      if (!work_at<kBlockM, kBlockN, kSplit, K::kCache>(p, a, step, t.w, t.seg)) continue;
       if (!t.w.valid) continue;
       t.mask = mask_for(p, t.w.seq);
       t.row0 = t.w.m0 + cw * 64 + warp * 16 + lane / 4;

@@ -36,7 +36,7 @@ struct TmaProducer {
     for (; step < a.num_steps; ++step) {
       TileWork w;
       SplitSegment seg;
-      if (!work_at<K::kBlockM, K::kBlockN, kSplit>(p, a, step, w, seg)) continue;
+      if (!work_at<K::kBlockM, K::kBlockN, kSplit, K::kCache>(p, a, step, w, seg)) continue;
       if (!w.valid || w.n_end <= w.n_begin) continue;
       l.row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
       l.row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
@@ -71,9 +71,11 @@ struct TmaProducer {
     mbar_arrive_expect_tx(full, K::kKVBytes);
     T* dst = (is_k ? sm.k : sm.v) + s * K::kColBlocks * K::kBlockN * 64;
     const CUtensorMap* map = is_k ? tma_k : tma_v;
-    if (a.pages.block_table != nullptr) {
-      load_pages(dst, map, full, n, l, hk);
-      return;
+    if constexpr (K::kCache) {
+      if (a.pages.block_table != nullptr) {
+        load_pages(dst, map, full, n, l, hk);
+        return;
+      }
     }
 #pragma unroll
     for (int c = 0; c < K::kColBlocks; ++c)

@@ -21,7 +21,8 @@ struct TileWork {
   bool valid;          // a query tile (mb >= 0) with m0 < seqlen_q of this sequence
 };
 
-template <int kBlockM, int kBlockN>
+// kCache: the sequence's key count from p.seqused_k (the KV-cache route).
+template <int kBlockM, int kBlockN, bool kCache>
 __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const FwdArgs& a, int t) {
   TileWork w;
   int bh, mb;
@@ -29,6 +30,7 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const Fw
   w.b = bh / p.heads_q;
   w.h = bh - w.b * p.heads_q;
   w.seq = sequence_info(p, w.b);
+  if constexpr (kCache) w.seq.seqlen_k = p.seqused_k[w.b];
   w.m0 = mb * kBlockM;
   w.valid = mb >= 0 && w.m0 < w.seq.seqlen_q;
   w.n_begin = w.n_end = 0;
@@ -43,19 +45,19 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const Fw
 // Step `step` of this CTA's walk: in the main kernel round `step` of whole
 // tiles; in the split-tail kernel (kSplit) its segment `step` of the tail, a
 // key range of a tail tile (seg). false: no tile at this step.
-template <int kBlockM, int kBlockN, bool kSplit>
+template <int kBlockM, int kBlockN, bool kSplit, bool kCache>
 __device__ __forceinline__ bool work_at(const AttentionParams& p, const FwdArgs& a, int step, TileWork& w,
                                         SplitSegment& seg) {
   if constexpr (kSplit) {
     if (!split_segment(a.tail, gridDim.x, blockIdx.x, step, seg)) return false;
-    w = tile_work<kBlockM, kBlockN>(p, a, a.tail.first_rank + seg.tile);
+    w = tile_work<kBlockM, kBlockN, kCache>(p, a, a.tail.first_rank + seg.tile);
     w.n_end = min(w.n_end, w.n_begin + seg.key_hi);
     w.n_begin += seg.key_lo;
     return true;
   } else {
     const int t = rank_of(a.order, step, gridDim.x, blockIdx.x);
     if (t >= a.order.num_ranks) return false;
-    w = tile_work<kBlockM, kBlockN>(p, a, t);
+    w = tile_work<kBlockM, kBlockN, kCache>(p, a, t);
     return true;
   }
 }

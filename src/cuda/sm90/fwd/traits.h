@@ -29,9 +29,13 @@ struct FwdArgs {
 // C: consumer warpgroups (Tune::kConsumers, or kCausalConsumers for the causal
 // instantiation) and N: keys per K/V tile (kBlockN, or kLongBlockN for the
 // long-key instantiation): they change the register split and the
-// shared-memory layout, so they are template values.
-template <class Tune, int C = Tune::kConsumers, int N = Tune::kBlockN>
+// shared-memory layout, so they are template values. Cache: the K/V source
+// is a KV cache (the KV-cache route: per-sequence key counts in
+// p.seqused_k, pages in FwdArgs::pages), a kernel of its own so the call
+// tensors' kernel keeps its code.
+template <class Tune, int C = Tune::kConsumers, int N = Tune::kBlockN, bool Cache = false>
 struct FwdTraits {
+  static constexpr bool kCache = Cache;
   static constexpr int kHeadDim = Tune::kHeadDim;
   static constexpr int kConsumers = C;  // warpgroups of 64 query rows
   static constexpr int kProducerRegs = sm90::kProducerRegs;
