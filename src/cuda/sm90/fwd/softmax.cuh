@@ -26,6 +26,10 @@ struct MufuExp2 {
 // A score term constant along each of this thread's two rows within a key
 // tile, kept out of S's elements (alibi_key_tile): the scores are S + v[r].
 // 0 without one; a runtime value, so the softmax is one copy of code.
+// NOTES: a second copy for ALiBi tiles (the plain one without the shift's
+// two adds a row) grew the kernels' code 12-19% and ran plain calls at
+// 0.93-1.03 of the build before the shift, against 0.98-1.05 for one copy
+// (H100, bench/sm90_fwd_ab.py, d64/128/256 at 2k/8k).
 struct RowShift {
   float v[2] = {0.0f, 0.0f};
 };
