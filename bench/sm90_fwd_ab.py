@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--alibi-for", default="",
                     help="NAME,... whose calls carry ALiBi slopes (2^(-8 (h+1) / heads) per head): "
                          "the same library under two names times ALiBi's cost")
+    ap.add_argument("--sinks-for", default="",
+                    help="NAME,... whose calls carry attention sinks (one f32 logit per head)")
     args = ap.parse_args()
     libs = [tuple(x.split("=", 1)) for x in args.libs]
     bind = {n: load_binding(n, p) for n, p in libs}
@@ -86,8 +88,10 @@ def main():
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 outs = {n: torch.full_like(q, float("nan")) for n, _ in libs}
                 slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
+                sinks = torch.randn(h, device="cuda", generator=g)
                 extra = {n: dict(softcap=args.softcap,
-                                 alibi_slopes=slopes if n in args.alibi_for.split(",") else None)
+                                 alibi_slopes=slopes if n in args.alibi_for.split(",") else None,
+                                 sinks=sinks if n in args.sinks_for.split(",") else None)
                          for n, _ in libs}
                 lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
                 fns = {}
@@ -100,7 +104,10 @@ def main():
                         gr = tuple(torch.full_like(q, float("nan")) for _ in range(3))
                         grads[n] = gr
                         outs[n] = gr[0]  # dq is what the max-diff column compares
-                        fns[n] = (lambda m=bind[n], o=o, l=l, gr=gr, x=extra[n]:
+                        # With sinks, their gradient too (what a training step computes).
+                        xb = dict(extra[n], dsinks=torch.empty(h, device="cuda")) if extra[n]["sinks"] is not None \
+                            else extra[n]
+                        fns[n] = (lambda m=bind[n], o=o, l=l, gr=gr, x=xb:
                                   m.backward(q, k, v, o, dout, l, *gr, causal=causal, **x))
                     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
                     for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
