@@ -4,9 +4,9 @@
 //   forward:  sm90 where can_run_forward(p) (a 9.0 device, shapes TMA can
 //             describe, FLASHATTN_DISABLE_SM90 unset), else sm80;
 //             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80; a block
-//             mask runs sm80 (the Hopper kernels have no block-sparse walk),
-//             and is refused with dropout (sm80/block_tiles.h), forward and
-//             backward, before anything runs.
+//             mask runs sm80 (the Hopper kernels have no block-sparse walk);
+//             with dropout it is refused by backend.cu's checks, before
+//             anything runs.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p),
 //             else sm80's, then the post-pass, all on p.stream.
 #include <cuda_bf16.h>
@@ -22,7 +22,6 @@
 #include "cuda/dispatch.h"
 #include "cuda/head_dims.h"
 #include "cuda/sm80/api.h"
-#include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm90/bwd/api.h"
 #include "cuda/sm90/fwd/api.h"
@@ -37,7 +36,6 @@ fa_status device_error(cudaError_t err, const char* what) {
 
 template <typename T>
 fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws) {
-  FA_RETURN_IF_ERROR(sm80::refuse_block_mask_dropout(p));  // before any pass writes
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
   FA_RETURN_IF_ERROR(bwd::run_sink_grad(p, ws));
   fa_status s = FA_ERROR_UNSUPPORTED;
@@ -68,7 +66,6 @@ bwd::WorkspacePlan plan_backward_workspace(const AttentionParams& p) {
 
 fa_status forward(const AttentionParams& p) {
   DeviceGuard guard(p.device_index);
-  FA_RETURN_IF_ERROR(sm80::refuse_block_mask_dropout(p));
   if (!p.has_block_mask() && sm90::can_run_forward(p))
     if (const fa_status s = sm90::run_forward(p); s != FA_ERROR_UNSUPPORTED) return s;
   return sm80::run_forward(p);
