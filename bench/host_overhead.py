@@ -75,10 +75,47 @@ def main():
         ("torch SDPA FA2 forward", fa2),
         ("torch SDPA FA2 forward + backward", lambda: fa2().backward(dout.transpose(1, 2))),
     ]
+    rows += decode_rows(lib)
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; library {_capi.build_commit()}")
     print("| call | host us per call |\n|---|---|")
     for name, fn in rows:
         print(f"| {name} | {per_call_us(fn):.1f} |")
+
+
+def decode_rows(lib):
+    """One decode step: batch 1, one query token, 256 cached keys, 32 query / 8 KV heads, d128."""
+    b, hq, hk, d, n = 1, 32, 8, 128, 256
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(b, n + 64, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, 1, device="cuda", dtype=torch.float32)
+    kw = dict(cache_seqlens=lens, causal=True)
+    ws = torch.empty(max(_capi.forward_kvcache_workspace_size(q, kc, vc, **kw), 1), dtype=torch.uint8,
+                     device="cuda")
+    args = {**_capi._KV_DEFAULTS, **kw}
+    trusted = _capi._KvCall(q, kc, vc, **{**args, "trust_indices": True})
+    checked = _capi._KvCall(q, kc, vc, **args)
+    o, ls = trusted.tensor(out, "out", output=True), trusted.tensor(lse, "lse", output=True)
+
+    def c_call(c):
+        return lambda: lib.fa_forward_kvcache_ex(ctypes.byref(c.q), ctypes.byref(c.cache), ctypes.byref(o),
+                                                 ctypes.byref(ls), ctypes.byref(c.options), None,
+                                                 ctypes.c_void_p(ws.data_ptr()), ws.numel())
+    qt = q.transpose(1, 2)
+    kt, vt = (x[:, :n].repeat_interleave(hq // hk, dim=2).transpose(1, 2) for x in (kc, vc))
+
+    def fa2():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt)
+    return [
+        ("decode: C fa_forward_kvcache (prebuilt arguments, trust_indices)", c_call(trusted)),
+        ("decode: C fa_forward_kvcache (prebuilt arguments, indices checked on the host)", c_call(checked)),
+        ("decode: _capi.forward_kvcache (buffer workspace)",
+         lambda: _capi.forward_kvcache(q, kc, vc, out, lse, workspace=ws, **kw)),
+        ("decode: flash_attn_with_kvcache", lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, **kw)),
+        ("decode: torch SDPA FA2 (GQA heads expanded)", fa2),
+    ]
 
 
 if __name__ == "__main__":

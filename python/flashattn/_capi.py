@@ -683,6 +683,12 @@ class _Structs:
 
     def __init__(self, q, stream):
         self.keep = []
+        # (argument name, struct, field): where each array argument's data pointer went, so a
+        # prepared call (_prepare) can point the same structs at the next call's arrays.
+        self.slots = []
+        # (argument name, struct, field): integer arguments that change from call to call
+        # without changing anything else (dropout's seed and offset), set again on reuse.
+        self.values = []
         self.qd = _describe(q, "q")
         self.stream = _resolve_stream(stream, self.qd)
         self.q = self.tensor(q, "q", desc=self.qd)
@@ -690,7 +696,14 @@ class _Structs:
     def tensor(self, x, name, *, output=False, desc=None):
         d = desc if desc is not None else _describe(x, name, self.stream)
         self.keep.append(d)
-        return _fa_tensor(d, name, output=output)
+        t = _fa_tensor(d, name, output=output)
+        self.slots.append((name, t, "data"))
+        return t
+
+    def pointer(self, struct, field, d: _Desc, name: str) -> None:
+        """struct.field = the data pointer of array argument `name` (described by d)."""
+        setattr(struct, field, d.ptr or None)
+        self.slots.append((name, struct, field))
 
     def extras(self, alibi_slopes=None, sinks=None, dsinks=None, dropout=None, block_mask=None):
         """An FaExtras over the given tensors (None = off), dropout (None, or
@@ -700,6 +713,8 @@ class _Structs:
         if alibi_slopes is None and sinks is None and dsinks is None and not dropping and parts is None:
             return None
         e = _dropout_extras(dropout)
+        if dropping:
+            self.values += [("dropout_seed", e, "dropout_seed"), ("dropout_offset", e, "dropout_offset")]
         if parts is not None:
             e.block_mask = ctypes.pointer(self.block_mask(parts))
         if alibi_slopes is not None:
@@ -751,15 +766,15 @@ class _Call(_Structs):
             raise InvalidArgumentError("cu_seqlens_q and cu_seqlens_k must be given together")
         self.varlen = None
         if cu_seqlens_q is not None:
-            pq, bq, dq = _cu_seqlens_ptr(cu_seqlens_q, "cu_seqlens_q", self.qd, self.stream)
-            pk, bk, dk = _cu_seqlens_ptr(cu_seqlens_k, "cu_seqlens_k", self.qd, self.stream)
+            _, bq, dq = _cu_seqlens_ptr(cu_seqlens_q, "cu_seqlens_q", self.qd, self.stream)
+            _, bk, dk = _cu_seqlens_ptr(cu_seqlens_k, "cu_seqlens_k", self.qd, self.stream)
             if bq != bk:
                 raise InvalidArgumentError(f"cu_seqlens_q has {bq + 1} entries but cu_seqlens_k has "
                                  f"{bk + 1}; both must have batch + 1")
             self.keep += [dq, dk]
             vl = FaVarlen()
-            vl.cu_seqlens_q = pq or None
-            vl.cu_seqlens_k = pk or None
+            self.pointer(vl, "cu_seqlens_q", dq, "cu_seqlens_q")
+            self.pointer(vl, "cu_seqlens_k", dk, "cu_seqlens_k")
             vl.batch = bq
             vl.max_seqlen_q = _int32(max_seqlen_q, "max_seqlen_q")
             vl.max_seqlen_k = _int32(max_seqlen_k, "max_seqlen_k")
@@ -864,6 +879,122 @@ def _workspace_buffer(workspace, size, c) -> Tuple[Optional[int], int]:
     return (wd.ptr if ws_bytes > 0 else None), ws_bytes
 
 
+# ----------------------------------------------------------------------------
+# Prepared calls
+#
+# NOTES: on small problems building a call's ctypes structs costs more host time than the
+# library call itself (a decode step, measured on the H100's host: ~40 us of Python around
+# ~11-25 us in C). So a call whose arrays are all torch tensors is keyed on everything its
+# structs depend on except the data pointers (shapes, strides, dtypes, devices, the other
+# arguments, the stream it runs on), and a later call with the same key reuses the structs,
+# pointing them at its own tensors. Every value the Python checks read is in the key, so a
+# reused call passed them; the library validates every call in C as before. Per thread
+# (a reused struct is never shared between two calls in flight) and bounded.
+
+_PREPARED_MAX = 64  # keys kept per thread (first in, first out): a model's distinct shapes
+_PLAIN_TYPES = (int, float, bool, str)
+_PER_CALL_VALUES = ("dropout_seed", "dropout_offset")  # _Structs.values: not in the key
+_U64 = 0xFFFFFFFFFFFFFFFF
+_prepared_calls = threading.local()
+
+
+def _signature(named) -> Optional[tuple]:
+    """The key of a call's arguments (by position: each kind of call builds `named` in one
+    order), or None when an argument keeps the call from being reused (a non-torch array,
+    a block mask, a stream object, ...)."""
+    torch = _torch_module()
+    if torch is None:
+        return None
+    tensor, strided, plain = torch.Tensor, torch.strided, _PLAIN_TYPES
+    sig = []
+    append = sig.append
+    for name, x in named.items():
+        if x is None:
+            append(None)
+        elif type(x) in plain:
+            append(name if name in _PER_CALL_VALUES else x)
+        elif isinstance(x, tensor):
+            if x.layout is not strided:
+                return None
+            append((x.shape, x.stride(), x.dtype, x.get_device()))
+        elif type(x) is tuple and all(type(e) in plain for e in x):
+            append(x)
+        elif name == "workspace" and callable(x):
+            append(name)
+        else:
+            return None
+    return tuple(sig)
+
+
+def _current_stream(q, stream):
+    """stream, or the current torch stream of a torch CUDA q when stream is None."""
+    if stream is None and _is_torch_tensor(q) and q.is_cuda:
+        raw = getattr(_torch_module()._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(q.get_device()) or None
+    return stream
+
+
+class _Prepared:
+    """One call's structs (built, or reused from an earlier call with the same key)."""
+
+    __slots__ = ("structs", "slots", "values", "ws_size", "ws_bytes")
+
+    def __init__(self, structs, c, ws_size, ws_bytes):
+        self.structs, self.slots, self.values = structs, c.slots, c.values
+        self.ws_size, self.ws_bytes = ws_size, ws_bytes
+
+    def point_at(self, named, workspace):
+        """Points the structs at this call's arrays; (workspace pointer, bytes, the
+        workspace buffer to keep alive until the call returns)."""
+        for name, struct, field in self.slots:
+            setattr(struct, field, named[name].data_ptr() or None)
+        for name, struct, field in self.values:
+            setattr(struct, field, named[name] & _U64)
+        if callable(workspace):
+            workspace = workspace(self.ws_size) if self.ws_size else None
+            return (workspace.data_ptr() if workspace is not None else None), self.ws_size, workspace
+        if workspace is None:
+            return None, 0, None
+        return workspace.data_ptr() or None, self.ws_bytes, workspace
+
+
+def _prepare(kind: str, named: dict, build):
+    """(structs, workspace pointer, workspace bytes, done) for a call. build() -> (call,
+    structs, workspace size function or None) builds it from scratch. The caller holds
+    done (it keeps the call's buffers alive) and calls it once the library accepted the
+    call, which keeps the structs for reuse."""
+    key = _signature(named)
+    calls = getattr(_prepared_calls, "calls", None)
+    if calls is None:
+        calls = _prepared_calls.calls = {}
+    entry = calls.get((kind, key)) if key is not None else None
+    workspace = named.get("workspace")
+    if entry is not None:
+        ws_ptr, ws_bytes, buffer = entry.point_at(named, workspace)
+        return entry.structs, ws_ptr, ws_bytes, (lambda: buffer)
+    c, structs, size = build()
+    sizes = []
+
+    def measured_size():
+        sizes.append(size())
+        return sizes[-1]
+
+    ws_ptr, ws_bytes = _workspace_buffer(workspace, measured_size, c) if size else (None, 0)
+    reusable = key is not None and all(name in named for name, _, _ in c.slots + c.values)
+
+    def done():  # holds c (and through it the call's buffers) until the caller drops it
+        if reusable:
+            if len(calls) >= _PREPARED_MAX:
+                del calls[next(iter(calls))]
+            calls[(kind, key)] = _Prepared(structs, c, sizes[0] if sizes else 0, ws_bytes)
+    return structs, ws_ptr, ws_bytes, done
+
+
+def _byrefs(structs):
+    return [ctypes.byref(x) if x is not None else None for x in structs]
+
+
 def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
             max_seqlen_k=0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
             backend=None, stream=None, deterministic=False, num_threads=0, alibi_slopes=None,
@@ -885,18 +1016,27 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
     total_q). ``stream``: a cudaStream_t (int) or stream object; by default the current torch
     stream for torch CUDA tensors, else the default stream.
     """
-    c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_size, softcap, deterministic, backend, stream, num_threads)
-    o = c.tensor(out, "out", output=True)
-    lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
-    extras = c.extras(alibi_slopes, sinks, dropout=(dropout_p, dropout_seed, dropout_offset),
-                      block_mask=block_mask)
-    status = library().fa_forward_ex(ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v),
-                                     ctypes.byref(o),
-                                     ctypes.byref(lse_t) if lse_t is not None else None,
-                                     c.varlen_ptr, ctypes.byref(c.options),
-                                     ctypes.byref(extras) if extras is not None else None)
-    _check(status)
+    stream = _current_stream(q, stream)
+    named = dict(q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                 softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                 softcap=softcap, backend=backend, stream=stream, deterministic=deterministic,
+                 num_threads=num_threads, alibi_slopes=alibi_slopes, sinks=sinks,
+                 dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+                 block_mask=block_mask)
+
+    def build():
+        c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                  causal, window_size, softcap, deterministic, backend, stream, num_threads)
+        o = c.tensor(out, "out", output=True)
+        lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
+        extras = c.extras(alibi_slopes, sinks, dropout=(dropout_p, dropout_seed, dropout_offset),
+                          block_mask=block_mask)
+        return c, (c.q, c.k, c.v, o, lse_t, c.varlen, c.options, extras), None
+
+    structs, _, _, done = _prepare("forward", named, build)
+    _check(library().fa_forward_ex(*_byrefs(structs)))
+    done()
 
 
 def _workspace_size(fn_name, q, k, v, kwargs) -> int:
@@ -944,31 +1084,35 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, *, cu_seqlens_q=None, cu_seqle
     callable taking that byte count and returning such a buffer (the size is then queried from
     the same argument descriptions, without a second backward_workspace_size call).
     """
-    c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_size, softcap, deterministic, backend, stream, num_threads)
-    o = c.tensor(out, "out")
-    do = c.tensor(dout, "dout")
-    ls = c.tensor(lse, "lse")
-    gq = c.tensor(dq, "dq", output=True)
-    gk = c.tensor(dk, "dk", output=True)
-    gv = c.tensor(dv, "dv", output=True)
+    stream = _current_stream(q, stream)
+    named = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, dq=dq, dk=dk, dv=dv,
+                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                 max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+                 window_size=window_size, softcap=softcap, deterministic=deterministic,
+                 workspace=workspace, backend=backend, stream=stream, num_threads=num_threads,
+                 alibi_slopes=alibi_slopes, sinks=sinks, dsinks=dsinks, dropout_p=dropout_p,
+                 dropout_seed=dropout_seed, dropout_offset=dropout_offset, block_mask=block_mask)
 
-    def size():
-        nbytes = ctypes.c_size_t(0)
-        _check(library().fa_backward_workspace_size(ctypes.byref(c.q), ctypes.byref(c.k),
-                                                    ctypes.byref(c.v), c.varlen_ptr,
-                                                    ctypes.byref(c.options), ctypes.byref(nbytes)))
-        return nbytes.value
+    def build():
+        c = _Call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                  causal, window_size, softcap, deterministic, backend, stream, num_threads)
+        tensors = (c.q, c.k, c.v, c.tensor(out, "out"), c.tensor(dout, "dout"), c.tensor(lse, "lse"),
+                   c.tensor(dq, "dq", output=True), c.tensor(dk, "dk", output=True),
+                   c.tensor(dv, "dv", output=True))
+        extras = c.extras(alibi_slopes, sinks, dsinks,
+                          dropout=(dropout_p, dropout_seed, dropout_offset), block_mask=block_mask)
 
-    ws_ptr, ws_bytes = _workspace_buffer(workspace, size, c)
-    extras = c.extras(alibi_slopes, sinks, dsinks, dropout=(dropout_p, dropout_seed, dropout_offset),
-                      block_mask=block_mask)
-    status = library().fa_backward_ex(
-        ctypes.byref(c.q), ctypes.byref(c.k), ctypes.byref(c.v), ctypes.byref(o),
-        ctypes.byref(do), ctypes.byref(ls), ctypes.byref(gq), ctypes.byref(gk), ctypes.byref(gv),
-        c.varlen_ptr, ctypes.byref(c.options),
-        ctypes.byref(extras) if extras is not None else None, ws_ptr, ws_bytes)
-    _check(status)
+        def size():
+            nbytes = ctypes.c_size_t(0)
+            _check(library().fa_backward_workspace_size(ctypes.byref(c.q), ctypes.byref(c.k),
+                                                        ctypes.byref(c.v), c.varlen_ptr,
+                                                        ctypes.byref(c.options), ctypes.byref(nbytes)))
+            return nbytes.value
+        return c, tensors + (c.varlen, c.options, extras), size
+
+    structs, ws_ptr, ws_bytes, done = _prepare("backward", named, build)
+    _check(library().fa_backward_ex(*_byrefs(structs), ws_ptr, ws_bytes))
+    done()
 
 
 # ----------------------------------------------------------------------------
@@ -1013,15 +1157,15 @@ class _KvCall(_Structs):
         if isinstance(cache_seqlens, numbers.Integral):
             c.cache_seqlen = int(cache_seqlens)
         else:
-            d = self.index(cache_seqlens, "cache_seqlens", 1)
-            c.cache_seqlens = d.ptr or None
+            self.pointer(c, "cache_seqlens", self.index(cache_seqlens, "cache_seqlens", 1), "cache_seqlens")
         if block_table is not None:
             d = self.index(block_table, "block_table", 2)
-            c.block_table = d.ptr or None
+            self.pointer(c, "block_table", d, "block_table")
             c.max_blocks = d.shape[1]
             c.block_table_stride = d.strides[0] if d.shape[0] > 1 else d.shape[1]
         if cache_batch_idx is not None:
-            c.cache_batch_idx = self.index(cache_batch_idx, "cache_batch_idx", 1).ptr or None
+            self.pointer(c, "cache_batch_idx", self.index(cache_batch_idx, "cache_batch_idx", 1),
+                         "cache_batch_idx")
         c.rotary_interleaved = 1 if rotary_interleaved else 0
         c.num_splits = int(num_splits)
         c.trust_indices = 1 if trust_indices else 0
@@ -1073,11 +1217,16 @@ def forward_kvcache(q, k_cache, v_cache, out, lse=None, *, workspace=None, **kwa
     unknown = set(kwargs) - set(_KV_DEFAULTS)
     if unknown:
         raise TypeError(f"forward_kvcache() got unexpected keyword arguments {sorted(unknown)}")
-    c = _KvCall(q, k_cache, v_cache, **{**_KV_DEFAULTS, **kwargs})
-    o = c.tensor(out, "out", output=True)
-    lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
-    ws_ptr, ws_bytes = _workspace_buffer(workspace, c.workspace_size, c)
-    byref = lambda x: ctypes.byref(x) if x is not None else None  # noqa: E731
-    status = library().fa_forward_kvcache_ex(byref(c.q), byref(c.cache), byref(o), byref(lse_t),
-                                             byref(c.options), byref(c.score_extras), ws_ptr, ws_bytes)
-    _check(status)
+    args = {**_KV_DEFAULTS, **kwargs}
+    args["stream"] = _current_stream(q, args["stream"])
+    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, out=out, lse=lse, workspace=workspace, **args)
+
+    def build():
+        c = _KvCall(q, k_cache, v_cache, **args)
+        o = c.tensor(out, "out", output=True)
+        lse_t = c.tensor(lse, "lse", output=True) if lse is not None else None
+        return c, (c.q, c.cache, o, lse_t, c.options, c.score_extras), c.workspace_size
+
+    structs, ws_ptr, ws_bytes, done = _prepare("kvcache", named, build)
+    _check(library().fa_forward_kvcache_ex(*_byrefs(structs), ws_ptr, ws_bytes))
+    done()

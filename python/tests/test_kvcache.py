@@ -293,6 +293,30 @@ def test_cuda_graph_capture_and_replay_with_new_lengths(rng):
         np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=2e-2, atol=2e-2)
 
 
+@gpu_test
+def test_cuda_index_check_waits_for_the_calls_stream(rng):
+    # The host check must read cache_seqlens as the call's stream leaves them: here a side
+    # (non-blocking) stream is held up, then writes valid lengths over invalid ones, then
+    # makes the call. A check that read them elsewhere (the legacy stream) saw the old ones.
+    c = Cache(rng, [30, 70], 1, 8, 2, 64, new=1)
+    dev, dt = "cuda", torch.bfloat16
+    q, kc, vc, k, v = (to_torch(x, dev, dt) for x in (c.q, c.k_cache, c.v_cache, c.k, c.v))
+    good = to_torch(c.lengths, dev)
+    lens = torch.full_like(good, 1 << 30)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning on the side stream
+        lens.copy_(good)
+        out = flashattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    torch.cuda.synchronize()
+    c.q, c.k, c.v = (x.float().cpu().numpy() for x in (q, k, v))
+    c.k_cache = torch.from_numpy(c.k_cache).to(dt).float().numpy()
+    c.v_cache = torch.from_numpy(c.v_cache).to(dt).float().numpy()
+    eo, _, _, _ = c.expected(True, (-1, -1), 0.0)
+    np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=2e-2, atol=2e-2)
+
+
 def _expected_with_extras(c, causal, slopes, sinks):
     """out, lse of a Cache's call with ALiBi slopes (batch, hq) or (hq) and sinks (hq) in float64
     (test_variants' reference: the sink as one more softmax column; new tokens appended)."""

@@ -40,8 +40,10 @@ enum class KvCacheRoute { kDecode, kHopperForward };
 KvCacheRoute kvcache_route(const KvCacheParams& params);
 // Whether `stream` is capturing a CUDA graph (nothing may synchronize then).
 fa_status stream_is_capturing(void* stream, int device_index, bool* capturing);
-// Copies device memory to the host (used to validate cu_seqlens).
-fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index);
+// Copies device memory to the host in the order of `stream` (the call's stream, after the
+// work queued on it, e.g. what wrote cu_seqlens), then waits for that stream alone (used to
+// validate cu_seqlens and the KV cache's index arrays).
+fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index, void* stream);
 }  // namespace cuda
 
 }  // namespace flashattn

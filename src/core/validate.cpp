@@ -162,14 +162,14 @@ fa_status check_options(const fa_options& o) {
 // length <= max_seqlen. Then every offset cu[b] + i (i < length) is a row of
 // the tensor, and every length fits the kernels' int.
 fa_status check_cu_seqlens(const int32_t* cu, const char* name, int batch, int64_t total,
-                           int max_seqlen, const fa_tensor& q) {
+                           int max_seqlen, const fa_tensor& q, void* stream) {
   if (cu == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " is a null pointer");
   std::vector<int32_t> copy;
   const int32_t* host = cu;
   if (q.device == FA_DEVICE_CUDA) {
     copy.resize(static_cast<size_t>(batch) + 1);
     FA_RETURN_IF_ERROR(cuda::copy_to_host(copy.data(), cu, copy.size() * sizeof(int32_t),
-                                          q.device_index));
+                                          q.device_index, stream));
     host = copy.data();
   }
   if (host[0] != 0) {
@@ -352,9 +352,9 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
     p->total_k = k->shape[0];
     FA_RETURN_IF_ERROR(check_sizes(*p));
     FA_RETURN_IF_ERROR(check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", p->batch,
-                                        p->total_q, p->seqlen_q, *q));
+                                        p->total_q, p->seqlen_q, *q, options->stream));
     FA_RETURN_IF_ERROR(check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", p->batch,
-                                        p->total_k, p->seqlen_k, *q));
+                                        p->total_k, p->seqlen_k, *q, options->stream));
     p->cu_seqlens_q = varlen->cu_seqlens_q;
     p->cu_seqlens_k = varlen->cu_seqlens_k;
   } else {

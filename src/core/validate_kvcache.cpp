@@ -207,7 +207,7 @@ fa_status host_indices(const int32_t* src, int64_t n, const AttentionParams& p,
   dst->resize(static_cast<size_t>(n));
   if (n == 0) return FA_OK;
   if (p.device == FA_DEVICE_CUDA) {
-    return cuda::copy_to_host(dst->data(), src, dst->size() * sizeof(int32_t), p.device_index);
+    return cuda::copy_to_host(dst->data(), src, dst->size() * sizeof(int32_t), p.device_index, p.stream);
   }
   for (int64_t i = 0; i < n; ++i) (*dst)[static_cast<size_t>(i)] = src[i];
   return FA_OK;

@@ -129,10 +129,15 @@ bool available(const char** why) {
   return true;
 }
 
-fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index) {
+fa_status copy_to_host(void* dst, const void* src, size_t bytes, int device_index, void* stream) {
   DeviceGuard guard(device_index);
-  const cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-  if (err != cudaSuccess) return cuda_error(err, "copying cu_seqlens to the host");
+  // NOTES: on the call's stream, not cudaMemcpy's legacy stream: that one does not wait for a
+  // non-blocking stream (torch's side streams), whose pending kernels may still be writing
+  // the indices, and it waits for every blocking stream of the device instead.
+  const auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  if (err != cudaSuccess) return cuda_error(err, "copying index arrays to the host for their check");
   return FA_OK;
 }
 

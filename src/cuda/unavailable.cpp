@@ -18,7 +18,7 @@ fa_status forward(const AttentionParams&) { return not_built(); }
 fa_status backward(const AttentionParams&) { return not_built(); }
 size_t backward_workspace_size(const AttentionParams&) { return 0; }
 size_t forward_workspace_size(const AttentionParams&) { return 0; }
-fa_status copy_to_host(void*, const void*, size_t, int) { return not_built(); }
+fa_status copy_to_host(void*, const void*, size_t, int, void*) { return not_built(); }
 fa_status check_kvcache(const KvCacheParams&) { return not_built(); }
 size_t kvcache_workspace_size(const KvCacheParams&) { return 0; }
 fa_status forward_kvcache(const KvCacheParams&) { return not_built(); }
