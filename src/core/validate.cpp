@@ -157,13 +157,15 @@ fa_status check_options(const fa_options& o) {
   return FA_OK;
 }
 
-// Reads cu_seqlens (copying from the device when needed) and checks them in
+// Reads cu_seqlens (copying from the device when needed; not while the stream
+// is being captured into a CUDA graph) and checks them in
 // 64-bit arithmetic: cu[0] = 0, non-decreasing, cu[batch] = total, every
 // length <= max_seqlen. Then every offset cu[b] + i (i < length) is a row of
 // the tensor, and every length fits the kernels' int.
 fa_status check_cu_seqlens(const int32_t* cu, const char* name, int batch, int64_t total,
-                           int max_seqlen, const fa_tensor& q, void* stream) {
+                           int max_seqlen, const fa_tensor& q, void* stream, bool capturing) {
   if (cu == nullptr) return fail(FA_ERROR_INVALID_ARGUMENT, std::string(name) + " is a null pointer");
+  if (capturing) return FA_OK;
   std::vector<int32_t> copy;
   const int32_t* host = cu;
   if (q.device == FA_DEVICE_CUDA) {
@@ -351,10 +353,15 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
     p->total_q = q->shape[0];
     p->total_k = k->shape[0];
     FA_RETURN_IF_ERROR(check_sizes(*p));
+    // Under CUDA-graph capture nothing may copy back: the kernels clamp what
+    // they read instead (sequence_info, core/layout.h).
+    bool capturing = false;
+    if (q->device == FA_DEVICE_CUDA)
+      FA_RETURN_IF_ERROR(cuda::stream_is_capturing(options->stream, q->device_index, &capturing));
     FA_RETURN_IF_ERROR(check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", p->batch,
-                                        p->total_q, p->seqlen_q, *q, options->stream));
+                                        p->total_q, p->seqlen_q, *q, options->stream, capturing));
     FA_RETURN_IF_ERROR(check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", p->batch,
-                                        p->total_k, p->seqlen_k, *q, options->stream));
+                                        p->total_k, p->seqlen_k, *q, options->stream, capturing));
     p->cu_seqlens_q = varlen->cu_seqlens_q;
     p->cu_seqlens_k = varlen->cu_seqlens_k;
   } else {
