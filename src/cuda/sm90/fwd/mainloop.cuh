@@ -11,6 +11,7 @@
 
 #include "core/params.h"
 #include "cuda/common/mma.h"
+#include "cuda/sm90/fwd/dropout.cuh"
 #include "cuda/sm90/fwd/epilogue.cuh"
 #include "cuda/sm90/fwd/scheduler.cuh"
 #include "cuda/sm90/fwd/softmax.cuh"
@@ -20,7 +21,8 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class K, typename T, bool kSplit>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh).
+template <class K, typename T, bool kSplit, class Drop = NoDropout>
 struct Consumer {
   static constexpr int D = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN;
   static constexpr uint32_t kTurnThreads = 256;
@@ -83,7 +85,8 @@ struct Consumer {
     wgmma_commit();
   }
   // Softcap, ALiBi, mask and online softmax of sc for key tile n of tile t; the
-  // correction for O goes to corr.
+  // correction for O goes to corr. Dropout zeroes the dropped P after the row
+  // sum (l stays the one before dropout), before P goes to 16 bits.
   __device__ __forceinline__ void softmax(const RowTile& t, int n) {
     if (a.softcap_in != 0.0f) {
 #pragma unroll
@@ -93,6 +96,7 @@ struct Consumer {
     if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, shift, t, n, lane);
     mask_key_tile<kBlockN>(sc, t, n, lane);
     online_softmax(sc, m, l, corr, a.scale_log2, MufuExp2{}, shift);
+    apply_dropout<Drop, kBlockN>(sc, p, t, n, lane);
   }
   // O *= exp(m_old - m_new), inside the turn: between issuing S = Q K^T and
   // O += P V (which needs it) the warp would wait on the tensor pipe's queue
@@ -239,6 +243,7 @@ struct Consumer {
     fence_operands(o);
     release(&sm.empty_v[s]);
     ++it;
+    dropout_scale_out<Drop>(o, p);
     epi.finish(t, o, m, l);
     wgmma_wait<0>();
     fence_operands(sc);
@@ -306,6 +311,7 @@ struct Consumer {
       }
       // (A tile with no visible key stores O = 0 and logsumexp -inf.)
       if (!fused) {
+        dropout_scale_out<Drop>(o, p);
         epi.finish(cur, o, m, l);
         reset_rows();
         if (!kCrossTile || w.n_end <= w.n_begin) have_next = next_tile(step_next, nxt);

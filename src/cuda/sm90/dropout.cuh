@@ -1,0 +1,143 @@
+// Dropout (attention/dropout.h) in the Hopper kernels: the policy types (a
+// template argument of the forward and the backward kernel, so each kernel
+// without dropout compiles to the code it had before dropout existed) and the
+// keep bits on the two fragment layouts.
+//
+// The mask's Philox call (Dropout::fragment) covers a lane's 16 elements of a
+// 16-query x 32-key block in the m16n8 accumulator layout (per warp also
+// wgmma's m64nNk16): lane (g, t) holds queries g, g + 8 and keys 8 n + 2t + e.
+// - The forward's S (queries as rows) has that layout: one call per 32-key
+//   block a tile touches, no shuffles (tile_keep_bits).
+// - The backward's S^T (keys as rows) has it transposed: lane (g', t') holds
+//   keys kb0 + g', kb0 + g' + 8 (kb0 its warp's 16 keys, half a 32-key block)
+//   and queries 8 i + 2t' + e'. Per block of 16 queries the lane needs 8 bits:
+//   from the call (g = 2t' + e', t = g' / 2) the bits of its keys (n = kb0 %
+//   32 / 8 + {0, 1}, e = g' % 2) and query halves hf, for e' = 0 and 1. The
+//   32 calls (g, t) of a 16 x 16 block are one per lane: lane (g', t')
+//   evaluates (g = 2t' + g' % 2, t = g' / 2), keeps the 4 bits of its own key
+//   parity and hands the other 4 to lane (g' ^ 1, t') (lane ^ 4), whose key
+//   has that parity and which needs exactly that call's queries (its e' is
+//   g' % 2). One Philox call per 8 elements (the forward: 16; the other half
+//   of each call is the other warp's 16 keys of the 32-key block), one
+//   shuffle per 4 query blocks (transposed_keep_bits).
+#pragma once
+
+#include <cstdint>
+
+#include "attention/dropout.h"
+
+namespace flashattn::cuda::sm90 {
+
+struct NoDropout {
+  static constexpr bool kOn = false;
+};
+struct PhiloxDropout {
+  static constexpr bool kOn = true;
+};
+
+// The forward's keep bits of this thread's part of key tile n (keys n0 ..
+// n0 + kBlockN - 1, rows row0 = 16 rb + g and row0 + 8): bit 2 i + e of
+// bits[r] keeps key n0 + 8 i + 2t + e of row row0 + 8 r.
+// NOTES: kBlockN is a multiple of 16, not always of 32 (80 at d 256, 112 at
+// d 192, 176 for d 128's long-key tiles): such a tile starts on half a block
+// every other tile and touches ceil(kBlockN / 32) blocks either way, one half
+// of one unused (d 256: 3 calls for 2.5 blocks' keys).
+template <int kBlockN>
+__device__ __forceinline__ void tile_keep_bits(const Dropout& d, int bh, int row0, int n0, int t,
+                                               uint64_t (&bits)[2]) {
+  static_assert(kBlockN % 16 == 0, "tiles start on whole or half 32-key blocks");
+  constexpr int kBlocks = (kBlockN + dropout::kBlockKeys - 1) / dropout::kBlockKeys;
+  constexpr int kRowBits = 8;  // a fragment's bits of one row
+  static_assert(kBlocks * kRowBits <= 64, "a row's bits of the tile in one 64-bit word");
+  const int rb = row0 / dropout::kBlockRows, g = row0 % 8;
+  const int kb0 = n0 / dropout::kBlockKeys;
+  uint64_t row_bits[2] = {0, 0};
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) {
+    const uint32_t f = d.fragment(bh, rb, g, kb0 + b, t);
+    row_bits[0] |= static_cast<uint64_t>(f & 0xffu) << (kRowBits * b);
+    row_bits[1] |= static_cast<uint64_t>(f >> kRowBits) << (kRowBits * b);
+  }
+  // A tile starting half-way into a block skips that half's n8 tiles 0, 1.
+  const int skip = kBlockN % dropout::kBlockKeys == 0
+                       ? 0
+                       : dropout::fragment_bit(0, (n0 % dropout::kBlockKeys) / 8, 0);
+  bits[0] = row_bits[0] >> skip;
+  bits[1] = row_bits[1] >> skip;
+}
+
+// A lane's keep bits of its S^T fragment: element e of accumulator tile i
+// (key key_r + 8 (e >> 1), query 8 i + 2 quad + (e & 1) of the span) is bit
+// bit(i, e) of the words.
+template <class K>
+struct TransposedKeep {
+  static constexpr int kBlocks = K::kSN / 16;  // 16-query blocks of the span
+  static constexpr int kBitsPerBlock = 8;
+  static constexpr int kWords = (kBlocks * kBitsPerBlock + 31) / 32;
+  uint32_t w[kWords];
+  float scale;
+
+  // Bit of (block, hf = query half, r = key half, e' = query parity).
+  __device__ __forceinline__ static constexpr int bit(int i, int e) {
+    return (i / 2) * kBitsPerBlock + (i % 2) * 4 + (e >> 1) * 2 + (e & 1);
+  }
+  __device__ __forceinline__ float factor(int i, int e) const {
+    const int b = bit(i, e);
+    return (w[b / 32] >> (b % 32)) & 1u ? scale : 0.0f;
+  }
+  // A copy of the words the compiler cannot see through (an empty asm), for
+  // each of the two uses (dP^T and P^T's fragments): it then recomputes the
+  // factors there instead of keeping kSN / 2 of them live from one use to the
+  // other (which spilled: d 64 220 bytes, d 128 52).
+  __device__ __forceinline__ TransposedKeep opaque() const {
+    TransposedKeep k = *this;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) asm volatile("" : "+r"(k.w[i]));
+    return k;
+  }
+};
+
+// The 4 bits (hf, n0 + r) of fragment bits f >> s at hf * 8 + 2 r, to
+// positions hf * 4 + 2 r (the query parity's bit left at 0).
+__device__ __forceinline__ uint32_t gather_block_bits(uint32_t f, int s) {
+  const uint32_t x = f >> s;
+  return (x & 0x5u) | ((x >> 4) & 0x50u);
+}
+
+// bh = b * heads_q + h; query0: the first query of the lane's span (q0 + q_col,
+// a multiple of 16); key_base: its warp's first key (a multiple of 16), g', t'
+// the lane's. Every lane of the warp must call it (it shuffles).
+template <class K>
+__device__ __forceinline__ TransposedKeep<K> transposed_keep_bits(const Dropout& d, int bh, int query0,
+                                                                  int key_base, int g, int t) {
+  using Keep = TransposedKeep<K>;
+  const int par = g & 1;
+  const int rb0 = query0 / dropout::kBlockRows, kb = key_base / dropout::kBlockKeys;
+  const int own_shift = dropout::fragment_bit(0, (key_base % dropout::kBlockKeys) / 8, par);
+  const int call_g = 2 * t + par, call_t = g / 2;
+  constexpr int kBlocksPerWord = 32 / Keep::kBitsPerBlock;
+  Keep k;
+  k.scale = d.scale;
+#pragma unroll
+  for (int w = 0; w < Keep::kWords; ++w) {
+    uint32_t own = 0, send = 0;
+    // NOTES: one Philox call at a time (rolled), as the sm80 kernels: the
+    // consumer's S^T and dP^T accumulators are live around it.
+#pragma unroll 1
+    for (int b = 0; b < kBlocksPerWord && w * kBlocksPerWord + b < Keep::kBlocks; ++b) {
+      const uint32_t f = d.fragment(bh, rb0 + w * kBlocksPerWord + b, call_g, kb, call_t);
+      own |= gather_block_bits(f, own_shift) << (Keep::kBitsPerBlock * b);
+      send |= gather_block_bits(f, own_shift ^ 1) << (Keep::kBitsPerBlock * b);
+    }
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, send, 4);
+    k.w[w] = (own << par) | (got << (1 - par));
+    // Computed here, before the products' accumulators are live (the caller
+    // calls it before the stage's wait): an empty asm the compiler keeps in
+    // order with the wgmma asm after it, so the Philox rounds are not sunk to
+    // where the bits are read.
+    asm volatile("" : "+r"(k.w[w]));
+  }
+  return k;
+}
+
+}  // namespace flashattn::cuda::sm90
