@@ -43,12 +43,6 @@ __device__ __forceinline__ void dropout_keep_bits(const Dropout& d, int bh, int 
     bits[0] = (f >> shift) & 0xfu;
     bits[1] = (f >> (kRowBits + shift)) & 0xfu;
   }
-  // NOTES: computed here, not where they are read: without this (an empty
-  // asm the compiler keeps in order with the mma.sync and ldmatrix asm after
-  // it) the Philox call, having no shuffle to hold it any more, was sunk to
-  // the scores it masks, inside the live S and dP accumulators (the d 256
-  // backward spilled 76 bytes).
-  asm volatile("" : "+r"(bits[0]), "+r"(bits[1]));
 }
 
 // The dropout factor z of bit `bit` of a keep word: 1 / (1 - p) or 0.

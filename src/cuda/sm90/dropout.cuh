@@ -75,15 +75,14 @@ struct TransposedKeep {
   static constexpr int kBitsPerBlock = 8;
   static constexpr int kWords = (kBlocks * kBitsPerBlock + 31) / 32;
   uint32_t w[kWords];
-  float scale;
 
   // Bit of (block, hf = query half, r = key half, e' = query parity).
   __device__ __forceinline__ static constexpr int bit(int i, int e) {
     return (i / 2) * kBitsPerBlock + (i % 2) * 4 + (e >> 1) * 2 + (e & 1);
   }
-  __device__ __forceinline__ float factor(int i, int e) const {
+  __device__ __forceinline__ bool kept(int i, int e) const {
     const int b = bit(i, e);
-    return (w[b / 32] >> (b % 32)) & 1u ? scale : 0.0f;
+    return (w[b / 32] >> (b % 32)) & 1u;
   }
   // A copy of the words the compiler cannot see through (an empty asm), for
   // each of the two uses (dP^T and P^T's fragments): it then recomputes the
@@ -117,7 +116,6 @@ __device__ __forceinline__ TransposedKeep<K> transposed_keep_bits(const Dropout&
   const int call_g = 2 * t + par, call_t = g / 2;
   constexpr int kBlocksPerWord = 32 / Keep::kBitsPerBlock;
   Keep k;
-  k.scale = d.scale;
 #pragma unroll
   for (int w = 0; w < Keep::kWords; ++w) {
     uint32_t own = 0, send = 0;
