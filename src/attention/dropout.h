@@ -47,18 +47,24 @@ constexpr int kLevels = 256;
 // Bit (hf * 8 + 2 n + e) of a fragment word: row g + 8 hf, key 8 n + 2 t + e.
 FA_HOST_DEVICE constexpr int fragment_bit(int hf, int n, int e) { return hf * 8 + 2 * n + e; }
 
-// Bit k (k < 4) of the result is 1 where byte k of w is >= the threshold T,
-// given a7 = (256 - T) & 0x7f and a_hi = (256 - T) & 0x80, each repeated in
-// every byte: byte + (256 - T) carries out of bit 7 exactly when byte >= T.
+// Bit 7 of byte k of the result is 1 where byte k of w is >= the threshold
+// T (the other bits 0), given a7 = (256 - T) & 0x7f and a_hi = (256 - T) &
+// 0x80, each repeated in every byte: byte + (256 - T) carries out of bit 7
+// exactly when byte >= T.
 // NOTES: SWAR: the low 7 bits of each byte are added without crossing into the
-// next byte, bit 7's carry-out is then majority(x7, a7, carry-in); a multiply
-// gathers the four carries (bits 7, 15, 23, 31 -> 28..31, no two products
-// overlap). About 6 instructions per word against 16 byte compares.
+// next byte, bit 7's carry-out is then majority(x7, a7, carry-in). About 4
+// instructions per word against 4 byte compares.
 FA_HOST_DEVICE uint32_t bytes_at_least(uint32_t w, uint32_t a7, uint32_t a_hi) {
-  constexpr uint32_t kLow7 = 0x7f7f7f7fu, kHigh = 0x80808080u, kGather = 0x00204081u;
+  constexpr uint32_t kLow7 = 0x7f7f7f7fu, kHigh = 0x80808080u;
   const uint32_t low = (w & kLow7) + a7;
-  const uint32_t carry = ((w & a_hi) | ((w | a_hi) & low)) & kHigh;
-  return (carry * kGather) >> 28;
+  return ((w & a_hi) | ((w | a_hi) & low)) & kHigh;
+}
+
+// Bit k (k < 4) of the result: bit 7 of byte k of flags (a multiply gathers
+// bits 7, 15, 23, 31 to 28..31; no two of its products overlap).
+FA_HOST_DEVICE uint32_t gather_byte_flags(uint32_t flags) {
+  constexpr uint32_t kGather = 0x00204081u;
+  return (flags * kGather) >> 28;
 }
 }  // namespace dropout
 
@@ -90,17 +96,28 @@ struct Dropout {
     return philox4x32_10(c, k0, k1);
   }
 
-  // The keep bits of lane (g, t) in the 16 x 32 block (rb, kb): bit
-  // dropout::fragment_bit(hf, n, e) keeps row 16 rb + g + 8 hf, key
-  // 32 kb + 8 n + 2 t + e. One Philox call; what every kernel uses.
-  FA_HOST_DEVICE uint32_t fragment(int bh, int rb, int g, int kb, int t) const {
+  // The keep decisions of lane (g, t) in the 16 x 32 block (rb, kb) as byte
+  // flags: bit 7 of byte b of the 16 (word b / 4) is set where byte b keeps
+  // (b = dropout::fragment_bit(hf, n, e): row 16 rb + g + 8 hf, key
+  // 32 kb + 8 n + 2 t + e), the other bits are 0. One Philox call.
+  FA_HOST_DEVICE void fragment_flags(int bh, int rb, int g, int kb, int t, uint32_t (&flags)[4]) const {
     const Philox4x32 r = bytes16(bh, rb, g, kb, t);
     const uint32_t a = dropout::kLevels - threshold8;
     const uint32_t a7 = (a & 0x7fu) * 0x01010101u, a_hi = (a & 0x80u) * 0x01010101u;
+FA_UNROLL
+    for (int w = 0; w < 4; ++w) flags[w] = dropout::bytes_at_least(r.x[w], a7, a_hi);
+  }
+
+  // The same as 16 bits: bit dropout::fragment_bit(hf, n, e) keeps row
+  // 16 rb + g + 8 hf, key 32 kb + 8 n + 2 t + e. What every kernel uses
+  // (the Hopper forward takes the flags themselves).
+  FA_HOST_DEVICE uint32_t fragment(int bh, int rb, int g, int kb, int t) const {
+    uint32_t flags[4];
+    fragment_flags(bh, rb, g, kb, t, flags);
     uint32_t bits = 0;
     // Word w holds bytes 4 w .. 4 w + 3, i.e. fragment bits 4 w .. 4 w + 3.
 FA_UNROLL
-    for (int w = 0; w < 4; ++w) bits |= dropout::bytes_at_least(r.x[w], a7, a_hi) << (4 * w);
+    for (int w = 0; w < 4; ++w) bits |= dropout::gather_byte_flags(flags[w]) << (4 * w);
     return bits;
   }
 

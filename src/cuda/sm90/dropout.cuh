@@ -7,7 +7,7 @@
 // 16-query x 32-key block in the m16n8 accumulator layout (per warp also
 // wgmma's m64nNk16): lane (g, t) holds queries g, g + 8 and keys 8 n + 2t + e.
 // - The forward's S (queries as rows) has that layout: one call per 32-key
-//   block a tile touches, no shuffles (tile_keep_bits).
+//   block a tile touches, no shuffles (mask_p_pairs).
 // - The backward's S^T (keys as rows) has it transposed: lane (g', t') holds
 //   keys kb0 + g', kb0 + g' + 8 (kb0 its warp's 16 keys, half a 32-key block)
 //   and queries 8 i + 2t' + e'. Per block of 16 queries the lane needs 8 bits:
@@ -35,35 +35,49 @@ struct PhiloxDropout {
   static constexpr bool kOn = true;
 };
 
-// The forward's keep bits of this thread's part of key tile n (keys n0 ..
-// n0 + kBlockN - 1, rows row0 = 16 rb + g and row0 + 8): bit 2 i + e of
-// bits[r] keeps key n0 + 8 i + 2t + e of row row0 + 8 r.
+// Byte k of the result is 0xFF where bit 7 of byte kSel_k of x is set, else 0
+// (prmt's sign-replicating selector nibbles, 8 + byte).
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t replicate_sign_bytes(uint32_t x) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(x), "n"(kSel));
+  return r;
+}
+
+// The forward: P's 16-bit pairs of key tile n (keys n0 .. n0 + kBlockN - 1)
+// ANDed with the keep masks, a dropped element's half set to 0. pa[kt][j]
+// holds row row0 + 8 r (r = j % 2; row0 = 16 rb + g) and keys n0 + 8 i + 2t +
+// {0, 1} (n8 tile i = 2 kt + j / 2), the halves of bytes 2 (n % 2) + {0, 1}
+// of flag word 2 r + n / 2 of the call of its 32-key block (n = its n8 tile
+// there): one prmt makes the pair's mask. kSkip: the n8 tiles of the tile's
+// first block before n0 (0, or 2 when n0 is half-way into a block).
 // NOTES: kBlockN is a multiple of 16, not always of 32 (80 at d 256, 112 at
 // d 192, 176 for d 128's long-key tiles): such a tile starts on half a block
 // every other tile and touches ceil(kBlockN / 32) blocks either way, one half
 // of one unused (d 256: 3 calls for 2.5 blocks' keys).
-template <int kBlockN>
-__device__ __forceinline__ void tile_keep_bits(const Dropout& d, int bh, int row0, int n0, int t,
-                                               uint64_t (&bits)[2]) {
+template <int kBlockN, int kSkip>
+__device__ __forceinline__ void mask_p_pairs(uint32_t (&pa)[kBlockN / 16][4], const Dropout& d, int bh, int row0,
+                                             int n0, int t) {
   static_assert(kBlockN % 16 == 0, "tiles start on whole or half 32-key blocks");
-  constexpr int kBlocks = (kBlockN + dropout::kBlockKeys - 1) / dropout::kBlockKeys;
-  constexpr int kRowBits = 8;  // a fragment's bits of one row
-  static_assert(kBlocks * kRowBits <= 64, "a row's bits of the tile in one 64-bit word");
+  constexpr int kTiles = kBlockN / 8;
+  constexpr int kBlocks = (kSkip + kTiles + 3) / 4;
   const int rb = row0 / dropout::kBlockRows, g = row0 % 8;
   const int kb0 = n0 / dropout::kBlockKeys;
-  uint64_t row_bits[2] = {0, 0};
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
-    const uint32_t f = d.fragment(bh, rb, g, kb0 + b, t);
-    row_bits[0] |= static_cast<uint64_t>(f & 0xffu) << (kRowBits * b);
-    row_bits[1] |= static_cast<uint64_t>(f >> kRowBits) << (kRowBits * b);
+    uint32_t flags[4];
+    d.fragment_flags(bh, rb, g, kb0 + b, t, flags);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int i = 4 * b + n - kSkip;
+      if (i < 0 || i >= kTiles) continue;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t f = flags[2 * r + n / 2];
+        pa[i / 2][2 * (i % 2) + r] &= n % 2 ? replicate_sign_bytes<0xBBAA>(f) : replicate_sign_bytes<0x9988>(f);
+      }
+    }
   }
-  // A tile starting half-way into a block skips that half's n8 tiles 0, 1.
-  const int skip = kBlockN % dropout::kBlockKeys == 0
-                       ? 0
-                       : dropout::fragment_bit(0, (n0 % dropout::kBlockKeys) / 8, 0);
-  bits[0] = row_bits[0] >> skip;
-  bits[1] = row_bits[1] >> skip;
 }
 
 // A lane's keep bits of its S^T fragment: element e of accumulator tile i

@@ -1,11 +1,13 @@
 // Dropout in the Hopper forward (cuda/sm90/dropout.cuh: the policy types and
-// the keep bits of the S fragment).
+// the keep masks on the S fragment's layout).
 //
-// With dropout the softmax keeps P where the bit is set and zeroes it where
-// not, after the row sum (l and the lse are those before dropout), before P
-// goes to 16 bits; the factor 1 / (1 - p8) is constant, so it multiplies O
-// once per tile before the epilogue instead of every element of P.
-// NOTES: zeroing, not multiplying by 0, a NaN P: its row's l is NaN already,
+// With dropout, P is zeroed where dropped after the row sum (l and the lse
+// are those before dropout): on its 16-bit pairs, as packed for P V, with
+// masks made from the Philox bytes (a prmt and an and per pair, where a test
+// and a select per element on the f32 P cost twice the instructions). The
+// factor 1 / (1 - p8) is constant, so it multiplies O once per tile before
+// the epilogue instead of every element of P.
+// NOTES: masking, not multiplying by 0, a NaN P: its row's l is NaN already,
 // so O and the lse are NaN whatever P V adds.
 #pragma once
 
@@ -17,20 +19,18 @@
 
 namespace flashattn::cuda::sm90 {
 
-// P of key tile n (this thread's s) times keep: 0 where dropped.
+// P's pairs of key tile n (this thread's pa) with the dropped halves zeroed.
 template <class Drop, int kBlockN>
-__device__ __forceinline__ void apply_dropout(float (&s)[kBlockN / 2], const AttentionParams& p, const RowTile& t,
-                                              int n, int lane) {
+__device__ __forceinline__ void mask_dropped_p(uint32_t (&pa)[kBlockN / 16][4], const AttentionParams& p,
+                                               const RowTile& t, int n, int lane) {
   if constexpr (Drop::kOn) {
-    uint64_t bits[2];
-    tile_keep_bits<kBlockN>(p.dropout, t.w.b * p.heads_q + t.w.h, t.row0, n * kBlockN, lane % 4, bits);
-#pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, bit = 2 * i + (e & 1);
-        if (((bits[r] >> bit) & 1u) == 0) s[4 * i + e] = 0.0f;
-      }
+    const int n0 = n * kBlockN, bh = t.w.b * p.heads_q + t.w.h;
+    if constexpr (kBlockN % dropout::kBlockKeys == 0) {
+      mask_p_pairs<kBlockN, 0>(pa, p.dropout, bh, t.row0, n0, lane % 4);
+    } else if (n0 % dropout::kBlockKeys == 0) {
+      mask_p_pairs<kBlockN, 0>(pa, p.dropout, bh, t.row0, n0, lane % 4);
+    } else {
+      mask_p_pairs<kBlockN, 2>(pa, p.dropout, bh, t.row0, n0, lane % 4);
     }
   }
 }

@@ -85,8 +85,7 @@ struct Consumer {
     wgmma_commit();
   }
   // Softcap, ALiBi, mask and online softmax of sc for key tile n of tile t; the
-  // correction for O goes to corr. Dropout zeroes the dropped P after the row
-  // sum (l stays the one before dropout), before P goes to 16 bits.
+  // correction for O goes to corr.
   __device__ __forceinline__ void softmax(const RowTile& t, int n) {
     if (a.softcap_in != 0.0f) {
 #pragma unroll
@@ -96,7 +95,6 @@ struct Consumer {
     if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, shift, t, n, lane);
     mask_key_tile<kBlockN>(sc, t, n, lane);
     online_softmax(sc, m, l, corr, a.scale_log2, MufuExp2{}, shift);
-    apply_dropout<Drop, kBlockN>(sc, p, t, n, lane);
   }
   // O *= exp(m_old - m_new), inside the turn: between issuing S = Q K^T and
   // O += P V (which needs it) the warp would wait on the tensor pipe's queue
@@ -111,7 +109,9 @@ struct Consumer {
     }
     fence_operands(o);
   }
-  __device__ __forceinline__ void convert_p() {
+  // P of key tile n of tile t to 16 bits; dropout zeroes the dropped ones
+  // there (after the row sum: l stays the one before dropout).
+  __device__ __forceinline__ void convert_p(const RowTile& t, int n) {
 #pragma unroll
     for (int kt = 0; kt < kBlockN / 16; ++kt) {
       pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
@@ -119,6 +119,7 @@ struct Consumer {
       pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
       pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
     }
+    mask_dropped_p<Drop, kBlockN>(pa, p, t, n, lane);
   }
   __device__ __forceinline__ void release(uint64_t* bar) const {
     __syncwarp();
@@ -190,7 +191,7 @@ struct Consumer {
     release(&sm.empty_k[s]);
     if (n == t.w.n_begin) release(q_empty);
     softmax(t, n);
-    convert_p();
+    convert_p(t, n);
   }
 
   // Steady state, key tile n in stage s: S(n) runs on the tensor cores with
@@ -216,7 +217,7 @@ struct Consumer {
     fence_operands(o);
     fence_operands(pa);
     release(&sm.empty_v[s_prev]);
-    convert_p();
+    convert_p(t, n);
   }
 
   // The last turn's start: O rescaled and the last P V (stage s) issued.
@@ -251,7 +252,7 @@ struct Consumer {
     release(&sm.empty_k[s_next]);
     if (nxt.w.n_end - 1 == nxt.w.n_begin) release(q_empty);
     softmax(nxt, nxt.w.n_end - 1);
-    convert_p();
+    convert_p(nxt, nxt.w.n_end - 1);
   }
 
   // The last P V of a tile (stage s) alone.
