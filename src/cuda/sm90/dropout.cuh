@@ -99,9 +99,8 @@ struct TransposedKeep {
     return (w[b / 32] >> (b % 32)) & 1u;
   }
   // A copy of the words the compiler cannot see through (an empty asm), for
-  // each of the two uses (dP^T and P^T's fragments): it then recomputes the
-  // factors there instead of keeping kSN / 2 of them live from one use to the
-  // other (which spilled: d 64 220 bytes, d 128 52).
+  // each of the two uses (dP^T and P^T's fragments): each then makes its own
+  // selects from the word, none kept live from one use to the other.
   __device__ __forceinline__ TransposedKeep opaque() const {
     TransposedKeep k = *this;
 #pragma unroll

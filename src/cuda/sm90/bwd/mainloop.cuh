@@ -223,9 +223,8 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     const int buf = it & 1;
     const int h = cta.head(it);
     const int q0 = cta.w.query_tile(it) * kBlockM;
-    // Dropout's keep bits while the stage's Q and dO load: with S^T and dP^T
-    // in flight (their accumulators live) the Philox rounds spilled (d 64:
-    // 216 bytes, d 128: 56).
+    // Dropout's keep bits while the stage's Q and dO load, before S^T and
+    // dP^T are issued (their accumulators not live yet).
     TransposedKeep<K> keep;
     if constexpr (Drop::kOn) {
       keep = transposed_keep_bits<K>(p.dropout, cta.b * p.heads_q + h, q0 + th.q_col,
