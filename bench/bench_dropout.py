@@ -1,4 +1,4 @@
-"""Dropout's cost on the CUDA kernels (docs/variants.md, "Dropout in the sm80 kernels").
+"""Dropout's cost on the CUDA kernels (docs/variants.md, "Dropout's cost").
 
 For each shape (bf16, 16 heads, TOKENS tokens per batch, d 128 by default) and mask, times
 flashattn.flash_attn_func forward and forward + backward (autograd, as bench_attention.py
@@ -6,7 +6,8 @@ flashattn.flash_attn_func forward and forward + backward (autograd, as bench_att
   sm80        FLASHATTN_DISABLE_SM90=1, no dropout
   sm80+drop   FLASHATTN_DISABLE_SM90=1, dropout_p = P
   hopper      the default dispatch (the Hopper kernels on an H100), no dropout
-  hopper+drop the default dispatch with dropout_p = P (the dispatcher sends it to sm80)
+  hopper+drop the default dispatch with dropout_p = P (the Hopper forward; the backward
+              is the sm80 kernel's until the Hopper backward has dropout)
 Each time is the median of ROUNDS rounds of triton.testing.do_bench medians (warmup 100 ms,
 rep 500 ms), the four configurations in a different order each round (timing_order.py).
 Prints a table with the ratios dropout / sm80 and dropout / hopper.

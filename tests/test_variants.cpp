@@ -3,6 +3,7 @@
 // answers, and the validation of the extras.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "common/variants_check.h"
+#include "attention/dropout.h"
 #include "attention/philox.h"
 #include "core/extras.h"
 #include "flashattn/flashattn.hpp"
@@ -324,19 +326,25 @@ HostTensor dropout_mask_of(const Problem& p) {
   return m;
 }
 
-// Kept fraction within 6 standard deviations of the binomial's mean, values
-// exactly 0 or 1 / (1 - p), and another offset gives another mask.
+// p as the mask draws it: rounded to a multiple of 1/256, at most 255/256
+// (attention/dropout.h), written out here independently of the library.
+double rounded_dropout_p(float p) { return std::min(std::round(static_cast<double>(p) * 256.0), 255.0) / 256.0; }
+
+// Kept fraction within 6 standard deviations of the binomial's mean (with the
+// rounded p), values exactly 0 or 1 / (1 - rounded p), and another offset
+// gives another mask.
 TEST(Dropout, MaskKeepsOneMinusPWithinBinomialBounds) {
-  for (float drop : {0.1f, 0.17f, 0.5f, 0.9f}) {
+  for (float given : {0.1f, 0.17f, 0.5f, 0.9f}) {
+    const double drop = rounded_dropout_p(given);
     Case c = make_case(FA_F32, 128, 257, 8, 3);
     c.batch = 2;
     c.heads_q = c.heads_kv = 4;
-    c.dropout_p = drop;
+    c.dropout_p = given;
     const Problem p = make_problem(c);
     const HostTensor m = dropout_mask_of(p);
     const float* z = reinterpret_cast<const float*>(m.bytes.data());
     const size_t n = m.bytes.size() / sizeof(float);
-    const float scale = 1.0f / (1.0f - drop);
+    const float scale = static_cast<float>(1.0 / (1.0 - drop));
     size_t kept = 0;
     for (size_t i = 0; i < n; ++i) {
       ASSERT_TRUE(z[i] == 0.0f || z[i] == scale) << z[i];
@@ -356,6 +364,43 @@ TEST(Dropout, MaskKeepsOneMinusPWithinBinomialBounds) {
     const double agree = drop * drop + (1 - drop) * (1 - drop);  // two independent masks
     EXPECT_LE(std::abs(same - n * agree), 6.0 * std::sqrt(n * agree * (1 - agree))) << "p " << drop;
   }
+}
+
+// The kernels' path to the keep bits (Dropout::fragment: one Philox call, 16
+// bytes compared at once with SWAR arithmetic) agrees with keep() (one byte
+// read out and compared), element by element, for thresholds at the ends and
+// both sides of 128 (bit 7 of 256 - threshold8 set or not), blocks far from 0.
+TEST(Dropout, FragmentBitsMatchKeepElementByElement) {
+  for (float given : {1.0f / 256, 0.1f, 0.5f, 0.5f + 1.0f / 256, 0.9f, 0.999f}) {
+    const Dropout d = Dropout::make(given, 0x0123456789abcdefull, (uint64_t{3} << 32) + 77);
+    ASSERT_TRUE(d.enabled());
+    for (int bh : {0, 5, 1 << 20})
+      for (int rb : {0, 1, 4097})
+        for (int kb : {0, 3, 70001})
+          for (int g = 0; g < 8; ++g)
+            for (int t = 0; t < 4; ++t) {
+              const uint32_t bits = d.fragment(bh, rb, g, kb, t);
+              EXPECT_EQ(bits >> 16, 0u);
+              for (int hf = 0; hf < 2; ++hf)
+                for (int n = 0; n < 4; ++n)
+                  for (int e = 0; e < 2; ++e) {
+                    const int i = 16 * rb + g + 8 * hf, j = 32 * kb + 8 * n + 2 * t + e;
+                    const bool bit = (bits >> (hf * 8 + 2 * n + e)) & 1u;
+                    ASSERT_EQ(bit, d.keep(bh, i, j)) << "p " << given << " bh " << bh << " i " << i << " j " << j;
+                  }
+            }
+  }
+}
+
+// p rounds to 8 bits: the scale is 256 / (256 - threshold8), and a p below
+// 1/512 rounds to no dropout.
+TEST(Dropout, RoundsPToEightBits) {
+  EXPECT_EQ(Dropout::make(0.1f, 1, 2).threshold8, 26u);
+  EXPECT_FLOAT_EQ(Dropout::make(0.1f, 1, 2).scale, 256.0f / 230.0f);
+  EXPECT_EQ(Dropout::make(0.9999f, 1, 2).threshold8, 255u);
+  EXPECT_FLOAT_EQ(Dropout::make(0.9999f, 1, 2).scale, 256.0f);
+  EXPECT_FALSE(Dropout::make(0.001f, 1, 2).enabled());
+  EXPECT_TRUE(Dropout::make(0.003f, 1, 2).enabled());
 }
 
 // The forward applies the mask fa_dropout_mask shows: out = sum_j P_ij z_ij V_j

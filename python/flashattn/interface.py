@@ -17,9 +17,13 @@ denominator, no value); with torch, a tensor autograd differentiates.
 
 Dropout (dropout_p > 0, torch tensors, CPU and CUDA): the Philox seed
 and offset are drawn from torch's default CPU generator, so torch.manual_seed
-makes a step reproducible; the backward reuses them. With return_attn_probs=True
+makes a step reproducible; the backward reuses them. The mask draws 8-bit
+random values, as flash-attn's kernels do: dropout_p is rounded to a multiple of
+1/256 (at most 255/256), p8 = min(floor(dropout_p * 256 + 1/2), 255) / 256, and kept
+probabilities are scaled by 1 / (1 - p8), so the expectation is exact; a
+dropout_p below 1/512 rounds to 0, no dropout. With return_attn_probs=True
 S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),
-float32: 1 / (1 - dropout_p) where kept, 0 where dropped (flash-attn encodes
+float32: 1 / (1 - p8) where kept, 0 where dropped (flash-attn encodes
 the same pattern in the sign of its S_dmask); None without dropout.
 
 Block-sparse attention (keyword block_mask=, on the CPU and on CUDA; lists on a GPU

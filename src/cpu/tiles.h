@@ -171,12 +171,21 @@ inline void finish_scores(const AttentionParams& p, const TileMask& tile, const 
 }
 
 // z[j] = the dropout factor of row i for keys k0 .. k0 + kBlockK - 1 (1 / (1 - p)
-// kept, 0 dropped; attention/dropout.h), one Philox call per 4 keys.
+// kept, 0 dropped; attention/dropout.h). A Philox call (Dropout::fragment)
+// covers rows {g, g + 8} x 8 keys of a 32-key block; a row takes its 8 bits
+// (half hf) of the 4 calls (t) of each block the tile touches.
 inline void dropout_factors(const Dropout& d, int bh, int i, int k0, float* z) {
-  static_assert(kBlockK % 4 == 0, "keys in groups of 4");
-  for (int j = 0; j < kBlockK; j += 4) {
-    const unsigned bits = d.keep4(bh, i, (k0 + j) >> 2);
-    for (int e = 0; e < 4; ++e) z[j + e] = (bits >> e) & 1u ? d.scale : 0.0f;
+  const int rb = i / dropout::kBlockRows, g = i % 8, hf = (i % dropout::kBlockRows) / 8;
+  const int kb_end = (k0 + kBlockK + dropout::kBlockKeys - 1) / dropout::kBlockKeys;
+  for (int kb = k0 / dropout::kBlockKeys; kb < kb_end; ++kb) {
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t bits = d.fragment(bh, rb, g, kb, t);
+      for (int n = 0; n < 4; ++n)
+        for (int e = 0; e < 2; ++e) {
+          const int j = kb * dropout::kBlockKeys + 8 * n + 2 * t + e - k0;
+          if (j >= 0 && j < kBlockK) z[j] = (bits >> dropout::fragment_bit(hf, n, e)) & 1u ? d.scale : 0.0f;
+        }
+    }
   }
 }
 

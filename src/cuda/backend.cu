@@ -105,7 +105,7 @@ fa_status check_common(const AttentionParams& p) {
 }
 
 // The extras' tensors (fa_extras) live on the device too; the kernels read
-// them one f32 at a time. Dropout needs no tensor (the sm80 kernels apply it).
+// them one f32 at a time. Dropout needs no tensor (the kernels regenerate its mask).
 fa_status check_extras(const AttentionParams& p) {
   // A block mask with dropout: refused here, before the backward's workspace
   // or any pass (the sm80 launches refuse it again for direct callers).

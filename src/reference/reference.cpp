@@ -130,13 +130,14 @@ double sink_of(const AttentionParams& p, int h) {
   return p.has_sinks() ? static_cast<double>(p.sinks[h]) : kNegInf;
 }
 
-// The dropout factor z_ij of (sequence b, head h): 1/(1-p) kept, 0 dropped,
-// 1 without dropout. The keep bits are the library's (attention/dropout.h: the
-// RNG is part of the definition); what is done with them is written out here.
+// The dropout factor z_ij of (sequence b, head h): 1/(1-p8) kept, 0 dropped,
+// 1 without dropout, p8 = p rounded to 8 bits. The keep bits are the
+// library's (attention/dropout.h: the RNG is part of the definition; keep()
+// reads the byte straight from the Philox output, not the kernels' fragment
+// path); what is done with them is written out here.
 double dropout_factor(const AttentionParams& p, int b, int h, int i, int j) {
   if (!p.has_dropout()) return 1.0;
-  return p.dropout.keep(b * p.heads_q + h, i, j) ? 1.0 / (1.0 - static_cast<double>(p.dropout.threshold) / 4294967296.0)
-                                                 : 0.0;
+  return p.dropout.keep(b * p.heads_q + h, i, j) ? 1.0 / (1.0 - p.dropout.rounded_p()) : 0.0;
 }
 
 double slope_of(const AttentionParams& p, int b, int h) {

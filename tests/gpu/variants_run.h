@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <functional>
 
 #include "common/harness.h"
@@ -76,6 +79,42 @@ inline ::testing::AssertionResult run_cuda(const Problem& p, bool backward, Vari
   r.dv = dv.download(gv);
   if (p.c.sinks) r.dsinks = x.dsinks.download(x.dsinks_host);
   return ::testing::AssertionSuccess();
+}
+
+// Dropout's mask read off a forward's output: with V_j the unit vector e_j
+// (unit_vector_values; seqlen_k <= head_dim), out_ij = P_ij z_ij, and P_ij > 0
+// everywhere (no mask), so out_ij == 0 exactly where key j of row i was
+// dropped. It must be fa_dropout_mask's, and the kept fraction within 6
+// standard deviations of the binomial's mean (p rounded to 8 bits).
+inline void unit_vector_values(Problem& p) {
+  const Case& c = p.c;
+  for (int j = 0; j < c.seqlen_k; ++j)
+    for (int h = 0; h < c.heads_kv; ++h)
+      for (int col = 0; col < c.head_dim; ++col)
+        for (int b = 0; b < c.batch; ++b) write_row_element(p.v, b * c.seqlen_k + j, h, col, col == j ? 1.0f : 0.0f);
+}
+
+inline void expect_output_shows_the_dropout_mask(const Problem& p, const HostTensor& out) {
+  const Case& c = p.c;
+  HostTensor m = make_host_tensor(FA_F32, {c.batch, c.heads_q, c.seqlen_q, c.seqlen_k});
+  const fa_extras x = p.extras();
+  ASSERT_EQ(fa_dropout_mask(&x, &m.desc), FA_OK) << fa_last_error();
+  const float* z = reinterpret_cast<const float*>(m.bytes.data());
+  int64_t kept = 0, n = 0, mismatched = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int h = 0; h < c.heads_q; ++h)
+      for (int i = 0; i < c.seqlen_q; ++i)
+        for (int j = 0; j < c.seqlen_k; ++j, ++n) {
+          const double o = read_row_element(out, b * c.seqlen_q + i, h, j);
+          ASSERT_FALSE(std::isnan(o)) << "out NaN at " << b << "," << h << "," << i << "," << j;
+          const bool kernel_kept = o != 0.0;
+          kept += kernel_kept;
+          mismatched += kernel_kept != (z[n] != 0.0f);
+        }
+  EXPECT_EQ(mismatched, 0) << "of " << n << " elements";
+  const double p8 = std::min(std::floor(c.dropout_p * 256.0 + 0.5), 255.0) / 256.0;
+  const double mean = n * (1.0 - p8), sd = std::sqrt(n * p8 * (1.0 - p8));
+  EXPECT_LE(std::abs(static_cast<double>(kept) - mean), 6.0 * sd) << "kept " << kept << " of " << n;
 }
 
 }  // namespace flashattn::testing

@@ -2,12 +2,9 @@
 // the sm80 forward and backward.
 //
 // A lane of an m16n8 accumulator tile holds keys key0 + 8 nt + 2t + {0, 1} of
-// rows g and g + 8 (g = lane / 4, t = lane % 4). One Philox call gives the keep
-// bits of four adjacent keys of one row; lanes t and t ^ 1 cover the same four
-// keys (2t + {0, 1} for even t, the other two for odd t), so the pair splits
-// the work: the even lane evaluates row g, the odd lane row g + 8, and each
-// hands the other the two bits of the other's keys (one shuffle per m16 tile).
-// Every Philox word is computed once per warp, none is wasted.
+// rows g and g + 8 (g = lane / 4, t = lane % 4). The mask's definition follows
+// that layout: one Philox call (Dropout::fragment) gives a lane's 16 keep bits
+// of a 16-row x 32-key block, four n8 tiles of both its rows. No shuffles.
 #pragma once
 
 #include <cstdint>
@@ -17,27 +14,35 @@
 namespace flashattn::cuda::sm80 {
 
 // Keep bits of a lane's part of one m16 x (8 NT) block: bit 2 nt + e of
-// bits[hf] keeps key key0 + 8 nt + 2t + e of row row_g + 8 hf. key0 must be a
-// multiple of 4 (the keys of a lane pair then share one Philox call); every
-// lane of the warp must call it (it shuffles). kUnroll: Philox calls unrolled
-// (register pressure decides; see the callers).
-template <int NT, int kUnroll = NT>
+// bits[hf] keeps key key0 + 8 nt + 2t + e of row row_g + 8 hf; row_g = 16 rb +
+// g (an m16 tile starts on a multiple of 16). key0 is a multiple of 32 with NT
+// a multiple of 4 (NT / 4 Philox calls), or NT == 2 and key0 a multiple of 16:
+// half a 32-key block (d 256's pair split, 16 keys per warp; half the call's
+// bits are unused). kUnroll: Philox calls unrolled (register pressure
+// decides; see the callers).
+template <int NT, int kUnroll = (NT + 3) / 4>
 __device__ __forceinline__ void dropout_keep_bits(const Dropout& d, int bh, int row_g, int key0, int t,
                                                   uint32_t (&bits)[2]) {
   static_assert(NT <= 16, "two bits per n8 tile in one word");
-  const int odd = t & 1;
-  const int row = row_g + 8 * odd;
-  const int group0 = (key0 >> 2) + (t >> 1);  // Philox counter word 0 of n8 tile 0
-  uint32_t own = 0, other = 0;
+  static_assert(NT % 4 == 0 || NT == 2, "whole 32-key blocks, or half of one");
+  constexpr int kRowBits = 8;  // a fragment's bits of one row (hf)
+  const int rb = row_g / dropout::kBlockRows, g = row_g % 8;
+  const int kb0 = key0 / dropout::kBlockKeys;
+  if constexpr (NT % 4 == 0) {
+    bits[0] = bits[1] = 0;
 #pragma unroll(kUnroll)
-  for (int nt = 0; nt < NT; ++nt) {
-    const unsigned w = d.keep4(bh, row, group0 + 2 * nt);
-    own |= ((w >> (2 * odd)) & 3u) << (2 * nt);
-    other |= ((w >> (2 - 2 * odd)) & 3u) << (2 * nt);
+    for (int kb = 0; kb < NT / 4; ++kb) {
+      const uint32_t f = d.fragment(bh, rb, g, kb0 + kb, t);
+      bits[0] |= (f & 0xffu) << (kRowBits * kb);
+      bits[1] |= (f >> kRowBits) << (kRowBits * kb);
+    }
+  } else {
+    // n8 tiles 2, 3 of the block when key0 is its second half.
+    const int shift = dropout::fragment_bit(0, (key0 % dropout::kBlockKeys) / 8, 0);
+    const uint32_t f = d.fragment(bh, rb, g, kb0, t);
+    bits[0] = (f >> shift) & 0xfu;
+    bits[1] = (f >> (kRowBits + shift)) & 0xfu;
   }
-  const uint32_t got = __shfl_xor_sync(0xffffffffu, other, 1);
-  bits[0] = odd ? got : own;
-  bits[1] = odd ? own : got;
 }
 
 // The dropout factor z of bit `bit` of a keep word: 1 / (1 - p) or 0.
@@ -85,7 +90,8 @@ struct PhiloxDropout {
     DropoutTile<K::kMT> z;
     z.scale = d.scale;
     // NOTES: one Philox call at a time (rolled): unrolled, ptxas interleaved
-    // several and the forward spilled (d 64 by 64 bytes at 128 x 128).
+    // several and the forward spilled (d 64 by 64 bytes at 128 x 128, with
+    // the earlier mask of one call per 4 elements).
 #pragma unroll
     for (int mt = 0; mt < K::kMT; ++mt) dropout_keep_bits<K::kNT, 1>(d, bh, row_g + 16 * mt, key0, t, z.bits[mt]);
     return z;

@@ -513,15 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int split = 0; split < C::kSdpSplits; ++split) {
       const int n0 = sdp_n0 + split * kSdpCols;
       float acc_s[kSdpMT][kSdpNT][4], acc_dp[kSdpMT][kSdpNT][4];
-      // Dropout keep bits of the slice (dropout.cuh), before S and dP are live
-      // (after them, and with the Philox calls rolled, d 256 spilled).
-      uint32_t keep[kSdpMT][2];
-      if constexpr (Drop::kOn) {
-#pragma unroll
-        for (int mi = 0; mi < kSdpMT; ++mi)
-          sm80::dropout_keep_bits<kSdpNT>(p.dropout, b * p.heads_q + h, q0 + sdp_m0 + mi * 16 + g, k0 + n0, t,
-                                          keep[mi]);
-      }
+      uint32_t keep[kSdpMT][2];  // dropout's keep bits (below)
       // With a block mask, which of the slice's pairs it lists: also before S and dP.
       const auto pairs =
           walk.template slice_pairs<kSdpMT, kSdpNT>(h, q0 + sdp_m0 + g, k0 + n0 + 2 * t, here.full, seq);
@@ -530,6 +522,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       warp_gemm2<kSdpMT, kSdpNT, D, false, false, T>(acc_s, acc_dp, aQ + 2u * sdp_m0 * RS,
                                                      adO + 2u * sdp_m0 * RS, RS, aK + 2u * n0 * RS,
                                                      aV + 2u * n0 * RS, RS, lane);
+      // Dropout keep bits of the slice (dropout.cuh), after S and dP (before
+      // them, the d 256 kernel spilled 76 bytes with one call per 32 keys).
+      if constexpr (Drop::kOn) {
+#pragma unroll
+        for (int mi = 0; mi < kSdpMT; ++mi)
+          sm80::dropout_keep_bits<kSdpNT>(p.dropout, b * p.heads_q + h, q0 + sdp_m0 + mi * 16 + g, k0 + n0, t,
+                                          keep[mi]);
+      }
       // Masking, softcap and ALiBi are runtime options; the per-element code
       // is specialized by ScoreMode (plain, softcap, any with ALiBi) only;
       // dropout is the kernel's Drop policy (kDropout, softcap and ALiBi at run time).

@@ -21,9 +21,8 @@ bool supports_backward(const AttentionParams& p) {
   // sm80 kernel runs softcap + ALiBi.
   if (p.softcap > 0.0f && p.has_alibi()) return false;
   // Sinks need nothing of the main kernel (the lse holds them; their
-  // gradient is bwd/sinks.cu's pass); ALiBi is exp_scores_alibi. Dropout:
-  // the sm80 kernel runs it.
-  if (p.has_dropout()) return false;
+  // gradient is bwd/sinks.cu's pass); ALiBi is exp_scores_alibi; dropout is
+  // the kernel's PhiloxDropout instantiation (bwd/dropout.cuh).
   if (BackwardHeadDims::kernel_for(p.head_dim) == 0) return false;
   // The forward's checks (dtype, non-empty, int32 TMA coordinates, device 9.0)
   // hold for the backward's tensors too: dout/dq/dk/dv share q/k/v's shapes.

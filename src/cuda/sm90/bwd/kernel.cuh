@@ -57,7 +57,8 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<K>& sm) {
   mbar_fence_init();
 }
 
-template <int D, typename T>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh), chosen at launch.
+template <int D, typename T, class Drop = NoDropout>
 __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tma_q,
                     const __grid_constant__ CUtensorMap tma_dq,
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     produce<K>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, sm, warp, lane, bq, row_q0);
   } else {
     setmaxnreg_inc<K::Tune::kConsumerRegs>();
-    consume<K, T>(p, ws, cta, sm, wg - 1);
+    consume<K, T, Drop>(p, ws, cta, sm, wg - 1);
   }
 #endif
 }

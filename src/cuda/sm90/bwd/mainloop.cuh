@@ -28,6 +28,7 @@
 #include "cuda/common/mma.h"
 #include "cuda/common/named_barrier.h"
 #include "cuda/sm90/bwd/dq.cuh"
+#include "cuda/sm90/bwd/dropout.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/scheduler.cuh"
 #include "cuda/sm90/bwd/softmax.cuh"
@@ -197,8 +198,9 @@ __device__ __forceinline__ void release_stage(float (&dv)[K::kDvN / 2], float (&
 }
 
 // A consumer warpgroup's walk: dK, dV accumulate over every query tile, then
-// the epilogue writes them.
-template <class K, typename T>
+// the epilogue writes them. Drop: NoDropout or PhiloxDropout
+// (cuda/sm90/dropout.cuh; bwd/dropout.cuh applies it).
+template <class K, typename T, class Drop>
 __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
                                         const BwdSmem<K>& sm, int cw) {
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
@@ -221,6 +223,13 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     const int buf = it & 1;
     const int h = cta.head(it);
     const int q0 = cta.w.query_tile(it) * kBlockM;
+    // Dropout's keep bits while the stage's Q and dO load, before S^T and
+    // dP^T are issued (their accumulators not live yet).
+    TransposedKeep<K> keep;
+    if constexpr (Drop::kOn) {
+      keep = transposed_keep_bits<K>(p.dropout, cta.b * p.heads_q + h, q0 + th.q_col,
+                                     cta.w.k0 + th.key_off + 16 * th.warp, th.lane / 4, th.quad);
+    }
     mbar_wait(&sm.full[s], ph);
 
     constexpr int kSN = K::kSN;
@@ -255,16 +264,17 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       zero_invisible<K>(st, rel_lo, count);
     }
     if constexpr (K::kSplitD) {
-      to_frags<K, T>(st, pa);
+      p_frags<K, T, Drop>(st, keep, pa);
       store_transposed<K>(op.p_base, buf, pa, th);
       wgmma_wait<0>();
     } else if constexpr (K::Tune::kEarlyDv) {
-      to_frags<K, T>(st, pa);
+      p_frags<K, T, Drop>(st, keep, pa);
       issue_update<K, T>(dv, pa, op.do_mn, s);
       wgmma_wait<1>();  // dP^T done (dV may still run)
     } else {
       wgmma_wait<0>();
     }
+    dropout_dp<K, Drop>(dpt, keep, p);
     if (softcap) {
       ds_scores_softcap<K>(dpt, st, op.d_base + row_off, op.lse_base + row_off, ws.inv_softcap_log2);
     } else {
@@ -277,7 +287,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       issue_update<K, T>(dk, da, op.q_mn, s);
     } else {
       // One group for both (two groups made ptxas serialize the wgmmas at d 64).
-      to_frags<K, T>(st, pa);
+      p_frags<K, T, Drop>(st, keep, pa);
       to_frags<K, T>(dpt, da);
       issue_updates_together<K, T>(dv, dk, pa, da, op.do_mn, op.q_mn, s);
     }
@@ -308,6 +318,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     }
   }
 
+  dropout_scale_dv<K, Drop>(dv, p);
   store_dk_dv<K, T>(dk, dv, p, cta, th);
 }
 

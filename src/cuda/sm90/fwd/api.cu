@@ -35,9 +35,9 @@ bool disabled_by_env() {
 bool supports_forward(const AttentionParams& p) {
   if (p.dtype != FA_F16 && p.dtype != FA_BF16) return false;
   if (ForwardHeadDims::kernel_for(p.head_dim) == 0) return false;
-  // Dropout: the sm80 kernel applies it (docs/variants.md); the Hopper
-  // kernels have no Philox path.
-  if (p.has_dropout()) return false;
+  // Dropout (fwd/dropout.cuh) has no KV-cache-source instantiation (the
+  // KV-cache call refuses dropout; seqused_k on its own goes to sm80).
+  if (p.has_dropout() && p.seqused_k != nullptr) return false;
   if (p.batch <= 0 || p.heads_q <= 0 || p.heads_kv <= 0 || p.total_q <= 0 || p.total_k <= 0)
     return false;
   // TMA: global strides must be 16-byte multiples and the base 16-byte aligned

@@ -31,7 +31,8 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh), chosen at launch.
+template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false, class Drop = NoDropout>
 __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128;
     const Epilogue<K, T, kSplit> epi{&tma_o, p, a, sm.o_staging(cw), cw, tid, tid / 32, tid % 32};
-    Consumer<K, T, kSplit> consumer(p, a, sm, epi, cw, tid);
+    Consumer<K, T, kSplit, Drop> consumer(p, a, sm, epi, cw, tid);
     consumer.run();
   }
 #endif

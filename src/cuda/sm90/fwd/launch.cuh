@@ -23,11 +23,11 @@ namespace flashattn::cuda::sm90 {
 // tail does not read what the main kernel writes, except the part counters it
 // zeroes: merge_split_part waits for the main grid before counting). Without
 // that launch attribute (a driver or graph that refuses it), a plain launch.
-template <class Tune, typename T, int C, int N>
+template <class Tune, typename T, int C, int N, class Drop>
 cudaError_t launch_split_tail(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                               const CUtensorMap& mo, const AttentionParams& p, FwdArgs a, int grid) {
   using K = FwdTraits<Tune, C, N>;
-  auto kernel = forward_kernel<Tune, T, C, N, true>;
+  auto kernel = forward_kernel<Tune, T, C, N, true, false, Drop>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err != cudaSuccess) return err;
   a.num_steps = max_split_segments(a.tail, grid);
@@ -139,7 +139,9 @@ fa_status make_kv_maps(CUtensorMap* mk, CUtensorMap* mv, const AttentionParams& 
       mv, pool, {p.v, page, p.heads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride}, p.head_dim, box);
 }
 
-template <class Tune, typename T, int C, int N>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh); dropout never takes the
+// KV-cache route (api.cu's supports_forward).
+template <class Tune, typename T, int C, int N, class Drop>
 fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   using K = FwdTraits<Tune, C, N>;
   constexpr int D = K::kHeadDim;
@@ -183,14 +185,17 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   }
 
   // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
-  auto kernel = p.seqused_k != nullptr ? forward_kernel<Tune, T, C, N, false, true> : forward_kernel<Tune, T, C, N, false>;
+  auto kernel = forward_kernel<Tune, T, C, N, false, false, Drop>;
+  if constexpr (!Drop::kOn) {
+    if (p.seqused_k != nullptr) kernel = forward_kernel<Tune, T, C, N, false, true>;
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (err == cudaSuccess) {
     kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mk, mv, mo, p, a);
     err = cudaGetLastError();
   }
   if constexpr (Tune::kSplitTail && N == Tune::kLongBlockN) {
-    if (err == cudaSuccess && a.tail.tiles > 0) err = launch_split_tail<Tune, T, C, N>(mq, mk, mv, mo, p, a, grid);
+    if (err == cudaSuccess && a.tail.tiles > 0) err = launch_split_tail<Tune, T, C, N, Drop>(mq, mk, mv, mo, p, a, grid);
   }
   if (workspace != nullptr) {
     const cudaError_t free_err = cudaFreeAsync(workspace, stream);
@@ -208,9 +213,13 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
 // says why), except over pages (paged: pages_fit, api.cu, holds for kBlockN).
 // visit_instantiation calls v.template run<Tune, C, N>() for the
 // instantiation a call of head dim D takes.
+// With dropout, kDropoutConsumers warpgroups (tuning.h).
 template <int D, class Visitor>
 fa_status visit_instantiation(const AttentionParams& p, Visitor& v, bool paged = false) {
   using Tune = ForwardTuning<D>;
+  if constexpr (Tune::kDropoutConsumers != Tune::kConsumers) {
+    if (p.has_dropout()) return v.template run<Tune, Tune::kDropoutConsumers, Tune::kBlockN>();
+  }
   if constexpr (Tune::kCausalConsumers != Tune::kConsumers) {
     if (p.window_right == 0) return v.template run<Tune, Tune::kCausalConsumers, Tune::kBlockN>();
   }
@@ -230,8 +239,16 @@ template <typename T>
 struct LaunchVisitor {
   const AttentionParams& p;
   const KvPages& pages;
+  // Dropout runs its own instantiation (cuda/sm90/dropout.cuh; only on
+  // kDropoutConsumers warpgroups): the plain kernel is the one before it.
   template <class Tune, int C, int N>
-  fa_status run() const { return launch_kernel<Tune, T, C, N>(p, pages); }
+  fa_status run() const {
+    if constexpr (C == Tune::kDropoutConsumers) {
+      if (p.has_dropout()) return launch_kernel<Tune, T, C, N, PhiloxDropout>(p, pages);
+    }
+    if (p.has_dropout()) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: no dropout kernel for this shape");
+    return launch_kernel<Tune, T, C, N, NoDropout>(p, pages);
+  }
 };
 
 struct WorkspaceVisitor {

@@ -11,6 +11,7 @@
 
 #include "core/params.h"
 #include "cuda/common/mma.h"
+#include "cuda/sm90/fwd/dropout.cuh"
 #include "cuda/sm90/fwd/epilogue.cuh"
 #include "cuda/sm90/fwd/scheduler.cuh"
 #include "cuda/sm90/fwd/softmax.cuh"
@@ -20,7 +21,8 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class K, typename T, bool kSplit>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh).
+template <class K, typename T, bool kSplit, class Drop = NoDropout>
 struct Consumer {
   static constexpr int D = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN;
   static constexpr uint32_t kTurnThreads = 256;
@@ -107,7 +109,9 @@ struct Consumer {
     }
     fence_operands(o);
   }
-  __device__ __forceinline__ void convert_p() {
+  // P of key tile n of tile t to 16 bits; dropout zeroes the dropped ones
+  // there (after the row sum: l stays the one before dropout).
+  __device__ __forceinline__ void convert_p(const RowTile& t, int n) {
 #pragma unroll
     for (int kt = 0; kt < kBlockN / 16; ++kt) {
       pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
@@ -115,6 +119,7 @@ struct Consumer {
       pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
       pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
     }
+    mask_dropped_p<Drop, kBlockN>(pa, p, t, n, lane);
   }
   __device__ __forceinline__ void release(uint64_t* bar) const {
     __syncwarp();
@@ -186,7 +191,7 @@ struct Consumer {
     release(&sm.empty_k[s]);
     if (n == t.w.n_begin) release(q_empty);
     softmax(t, n);
-    convert_p();
+    convert_p(t, n);
   }
 
   // Steady state, key tile n in stage s: S(n) runs on the tensor cores with
@@ -212,7 +217,7 @@ struct Consumer {
     fence_operands(o);
     fence_operands(pa);
     release(&sm.empty_v[s_prev]);
-    convert_p();
+    convert_p(t, n);
   }
 
   // The last turn's start: O rescaled and the last P V (stage s) issued.
@@ -239,6 +244,7 @@ struct Consumer {
     fence_operands(o);
     release(&sm.empty_v[s]);
     ++it;
+    dropout_scale_out<Drop>(o, p);
     epi.finish(t, o, m, l);
     wgmma_wait<0>();
     fence_operands(sc);
@@ -246,7 +252,7 @@ struct Consumer {
     release(&sm.empty_k[s_next]);
     if (nxt.w.n_end - 1 == nxt.w.n_begin) release(q_empty);
     softmax(nxt, nxt.w.n_end - 1);
-    convert_p();
+    convert_p(nxt, nxt.w.n_end - 1);
   }
 
   // The last P V of a tile (stage s) alone.
@@ -306,6 +312,7 @@ struct Consumer {
       }
       // (A tile with no visible key stores O = 0 and logsumexp -inf.)
       if (!fused) {
+        dropout_scale_out<Drop>(o, p);
         epi.finish(cur, o, m, l);
         reset_rows();
         if (!kCrossTile || w.n_end <= w.n_begin) have_next = next_tile(step_next, nxt);

@@ -47,6 +47,9 @@ template <>
 struct ForwardTuning<64> {
   static constexpr int kHeadDim = 64;
   static constexpr int kConsumers = 3, kCausalConsumers = 2;
+  // With dropout, 2: the Philox rounds in 3 consumers' 160 registers spilled
+  // 212 bytes (sm_90a, -Xptxas -v); 2 have 240.
+  static constexpr int kDropoutConsumers = 2;
   static constexpr int kBlockN = 128;      // keys per K/V tile
   static constexpr int kStages = 4;        // K/V ring depth: 16 KB tiles
   static constexpr int kQStages = 2;       // next tile's Q loads during this one
@@ -60,7 +63,7 @@ struct ForwardTuning<64> {
 template <>
 struct ForwardTuning<128> {
   static constexpr int kHeadDim = 128;
-  static constexpr int kConsumers = 2, kCausalConsumers = 2;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kDropoutConsumers = 2;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;  // a third stage only fits with one Q: no gain
   static constexpr int kQStages = 2;
@@ -74,7 +77,7 @@ struct ForwardTuning<128> {
 template <>
 struct ForwardTuning<192> {
   static constexpr int kHeadDim = 192;
-  static constexpr int kConsumers = 2, kCausalConsumers = 2;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kDropoutConsumers = 2;
   static constexpr int kBlockN = 112, kStages = 2;
   static constexpr int kQStages = 1;  // 112 keys beat 80 keys with two Q buffers
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
@@ -87,7 +90,7 @@ struct ForwardTuning<192> {
 template <>
 struct ForwardTuning<256> {
   static constexpr int kHeadDim = 256;
-  static constexpr int kConsumers = 2, kCausalConsumers = 2;
+  static constexpr int kConsumers = 2, kCausalConsumers = 2, kDropoutConsumers = 2;
   static constexpr int kBlockN = 80, kStages = 2, kQStages = 1;
   static constexpr int kLongBlockN = kBlockN, kLongKeys = 0;
   static constexpr bool kOTma = false;
