@@ -77,6 +77,10 @@ if has sanitize; then
       FLASHATTN_SM90_TEST_SMALL=1 start_bg "san_memcheck_$t" compute-sanitizer --tool memcheck \
         --error-exitcode 9 "$src/tests/$t" --gtest_brief=1
   done
+  # Dropout on the Hopper kernels (the keep bits' shuffles, the packed P masks).
+  [ -x "$src/tests/test_sm90_dropout" ] &&
+    FLASHATTN_SM90_TEST_SMALL=1 start_bg san_memcheck_test_sm90_dropout compute-sanitizer --tool memcheck \
+      --error-exitcode 9 "$src/tests/test_sm90_dropout" --gtest_filter='Suite/*' --gtest_brief=1
   [ -x "$src/tests/test_cuda_kvcache" ] &&
     start_bg san_memcheck_test_cuda_kvcache compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$src/tests/test_cuda_kvcache" --gtest_filter='CudaKvCacheErrors.*:CudaKvCacheGraph.*:*d64*' --gtest_brief=1

@@ -108,9 +108,10 @@ typedef struct fa_tensor {
  * non-decreasing, starting at 0 and ending at total tokens; they live on the
  * same device as q. max_seqlen_* bound every sequence. They are checked on the
  * host (on CUDA a copy back, which waits for the call's stream) unless the
- * stream is being captured into a CUDA graph: the kernels then read them at
- * replay and clamp each sequence to rows inside the tensors and to max_seqlen,
- * so bad values give wrong rows, never an access outside the tensors. */
+ * stream is being captured into a CUDA graph: the call then clamps them on the
+ * device at replay (each sequence's rows inside the tensors, at most
+ * max_seqlen), so bad values give wrong rows, never an access outside the
+ * tensors. */
 typedef struct fa_varlen {
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;

@@ -18,25 +18,10 @@ struct SequenceInfo {
   int64_t row_k;
 };
 
-// Rows [first, first + len) of one varlen sequence from cu[b], cu[b + 1],
-// clamped to the tensor's rows [0, total) and len to max_len.
-// NOTES: cu_seqlens are checked on the host before any kernel runs, except
-// under CUDA-graph capture (the host cannot read them there, and replays may
-// bring new values): clamped here, bad entries give their sequence wrong rows,
-// never an access outside the tensors. A no-op for checked values.
-FA_HOST_DEVICE int64_t clamp_rows(int64_t x, int64_t total) { return x < 0 ? 0 : (x > total ? total : x); }
-FA_HOST_DEVICE int varlen_rows(const int32_t* cu, int b, int64_t total, int max_len, int64_t* first) {
-  *first = clamp_rows(cu[b], total);
-  const int64_t len = clamp_rows(cu[b + 1], total) - *first;
-  return len <= 0 ? 0 : (len > max_len ? max_len : static_cast<int>(len));
-}
-
 FA_HOST_DEVICE SequenceInfo sequence_info(const AttentionParams& p, int b) {
   if (p.cu_seqlens_q != nullptr) {
-    SequenceInfo s;
-    s.seqlen_q = varlen_rows(p.cu_seqlens_q, b, p.total_q, p.seqlen_q, &s.row_q);
-    s.seqlen_k = varlen_rows(p.cu_seqlens_k, b, p.total_k, p.seqlen_k, &s.row_k);
-    return s;
+    const int32_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+    return {p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0, q0, k0};
   }
   return {p.seqlen_q, p.seqlen_k, static_cast<int64_t>(b) * p.seqlen_q,
           static_cast<int64_t>(b) * p.seqlen_k};

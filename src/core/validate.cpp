@@ -353,8 +353,8 @@ fa_status make_shape_params(const fa_tensor* q, const fa_tensor* k, const fa_ten
     p->total_q = q->shape[0];
     p->total_k = k->shape[0];
     FA_RETURN_IF_ERROR(check_sizes(*p));
-    // Under CUDA-graph capture nothing may copy back: the kernels clamp what
-    // they read instead (sequence_info, core/layout.h).
+    // Under CUDA-graph capture nothing may copy back: the CUDA backend's
+    // calls then read a checked copy made on the device (cuda/common/captured_varlen.h).
     bool capturing = false;
     if (q->device == FA_DEVICE_CUDA)
       FA_RETURN_IF_ERROR(cuda::stream_is_capturing(options->stream, q->device_index, &capturing));

@@ -9,6 +9,8 @@
 //             anything runs.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p),
 //             else sm80's, then the post-pass, all on p.stream.
+//   both:     a varlen call captured into a CUDA graph reads a checked copy
+//             of its cu_seqlens (common/captured_varlen.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +20,7 @@
 #include "core/backends.h"
 #include "core/error.h"
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/captured_varlen.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/dispatch.h"
 #include "cuda/head_dims.h"
@@ -64,11 +67,16 @@ bwd::WorkspacePlan plan_backward_workspace(const AttentionParams& p) {
   return bwd::plan_workspace(p, kd, block_m);
 }
 
-fa_status forward(const AttentionParams& p) {
-  DeviceGuard guard(p.device_index);
-  if (!p.has_block_mask() && sm90::can_run_forward(p))
-    if (const fa_status s = sm90::run_forward(p); s != FA_ERROR_UNSUPPORTED) return s;
-  return sm80::run_forward(p);
+fa_status forward(const AttentionParams& params) {
+  DeviceGuard guard(params.device_index);
+  AttentionParams p = params;
+  CapturedVarlen varlen;
+  FA_RETURN_IF_ERROR(varlen.prepare(&p));
+  fa_status s = FA_ERROR_UNSUPPORTED;
+  if (!p.has_block_mask() && sm90::can_run_forward(p)) s = sm90::run_forward(p);
+  if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_forward(p);
+  const fa_status freed = varlen.release();
+  return s != FA_OK ? s : freed;
 }
 
 // The sm80 forward uses no scratch; the Hopper forward's split tail does.
@@ -79,8 +87,11 @@ size_t forward_workspace_size(const AttentionParams& p) {
 
 size_t backward_workspace_size(const AttentionParams& p) { return plan_backward_workspace(p).total(); }
 
-fa_status backward(const AttentionParams& p) {
-  DeviceGuard guard(p.device_index);
+fa_status backward(const AttentionParams& params) {
+  DeviceGuard guard(params.device_index);
+  AttentionParams p = params;
+  CapturedVarlen varlen;
+  FA_RETURN_IF_ERROR(varlen.prepare(&p));
   const bwd::WorkspacePlan w = plan_backward_workspace(p);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   void* owned = nullptr;
@@ -108,7 +119,8 @@ fa_status backward(const AttentionParams& p) {
     const cudaError_t err = cudaFreeAsync(owned, stream);
     if (err != cudaSuccess && status == FA_OK) status = device_error(err, "cudaFreeAsync of the backward workspace");
   }
-  return status;
+  const fa_status freed = varlen.release();
+  return status != FA_OK ? status : freed;
 }
 
 }  // namespace flashattn::cuda
