@@ -686,8 +686,9 @@ class _Structs:
         # (argument name, struct, field): where each array argument's data pointer went, so a
         # prepared call (_prepare) can point the same structs at the next call's arrays.
         self.slots = []
-        # (argument name, struct, field): integer arguments that change from call to call
-        # without changing anything else (dropout's seed and offset), set again on reuse.
+        # (argument name, struct, field, convert): integer arguments that change from call to
+        # call without changing anything else (dropout's seed and offset, an int
+        # cache_seqlens), set again on reuse as convert(value).
         self.values = []
         self.qd = _describe(q, "q")
         self.stream = _resolve_stream(stream, self.qd)
@@ -714,7 +715,7 @@ class _Structs:
             return None
         e = _dropout_extras(dropout)
         if dropping:
-            self.values += [("dropout_seed", e, "dropout_seed"), ("dropout_offset", e, "dropout_offset")]
+            self.values += [("dropout_seed", e, "dropout_seed", _u64), ("dropout_offset", e, "dropout_offset", _u64)]
         if parts is not None:
             e.block_mask = ctypes.pointer(self.block_mask(parts))
         if alibi_slopes is not None:
@@ -829,14 +830,23 @@ def block_mask_parts(block_mask):
             getattr(block_mask, "full_kv_indices", None))
 
 
+def _u64(value) -> int:
+    """A seed or offset as the C ABI's uint64 (Python ints of any size, modulo 2^64)."""
+    return int(value) & 0xFFFFFFFFFFFFFFFF
+
+
+def _cache_seqlen(value) -> int:
+    return _int32(value, "cache_seqlens")
+
+
 def _dropout_extras(dropout) -> FaExtras:
     """An FaExtras with only the dropout fields set (dropout: None or (p, seed, offset))."""
     e = FaExtras()
     if dropout:
         p, seed, offset = dropout
         e.dropout_p = float(p)
-        e.dropout_seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        e.dropout_offset = int(offset) & 0xFFFFFFFFFFFFFFFF
+        e.dropout_seed = _u64(seed)
+        e.dropout_offset = _u64(offset)
     return e
 
 
@@ -893,8 +903,7 @@ def _workspace_buffer(workspace, size, c) -> Tuple[Optional[int], int]:
 
 _PREPARED_MAX = 64  # keys kept per thread (first in, first out): a model's distinct shapes
 _PLAIN_TYPES = (int, float, bool, str)
-_PER_CALL_VALUES = ("dropout_seed", "dropout_offset")  # _Structs.values: not in the key
-_U64 = 0xFFFFFFFFFFFFFFFF
+_PER_CALL_VALUES = ("dropout_seed", "dropout_offset", "cache_seqlens")  # ints: _Structs.values, not in the key
 _prepared_calls = threading.local()
 
 
@@ -949,8 +958,8 @@ class _Prepared:
         workspace buffer to keep alive until the call returns)."""
         for name, struct, field in self.slots:
             setattr(struct, field, named[name].data_ptr() or None)
-        for name, struct, field in self.values:
-            setattr(struct, field, named[name] & _U64)
+        for name, struct, field, convert in self.values:
+            setattr(struct, field, convert(named[name]))
         if callable(workspace):
             workspace = workspace(self.ws_size) if self.ws_size else None
             return (workspace.data_ptr() if workspace is not None else None), self.ws_size, workspace
@@ -981,7 +990,7 @@ def _prepare(kind: str, named: dict, build):
         return sizes[-1]
 
     ws_ptr, ws_bytes = _workspace_buffer(workspace, measured_size, c) if size else (None, 0)
-    reusable = key is not None and all(name in named for name, _, _ in c.slots + c.values)
+    reusable = key is not None and all(s[0] in named for s in c.slots + c.values)
 
     def done():  # holds c (and through it the call's buffers) until the caller drops it
         if reusable:
@@ -1155,7 +1164,8 @@ class _KvCall(_Structs):
         if cache_seqlens is None:
             raise InvalidArgumentError("cache_seqlens is required (an int or an int32 tensor (batch,))")
         if isinstance(cache_seqlens, numbers.Integral):
-            c.cache_seqlen = int(cache_seqlens)
+            c.cache_seqlen = _int32(cache_seqlens, "cache_seqlens")
+            self.values.append(("cache_seqlens", c, "cache_seqlen", _cache_seqlen))
         else:
             self.pointer(c, "cache_seqlens", self.index(cache_seqlens, "cache_seqlens", 1), "cache_seqlens")
         if block_table is not None:

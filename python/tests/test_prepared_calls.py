@@ -134,3 +134,16 @@ def test_threads_keep_their_own_prepared_calls():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_kvcache_int_lengths_reuse_one_key_and_are_checked():
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 1, 4, 64, generator=g)
+    kc, vc = (torch.randn(1, 50, 2, 64, generator=g) for _ in range(2))
+    expected = {n: fresh(lambda n=n: flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n)) for n in (3, 17, 50)}
+    fresh(lambda: None)
+    for n in (3, 17, 50, 17):  # a decode loop with an int length: one key, the length set per call
+        assert torch.equal(flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n), expected[n])
+    assert len(_capi._prepared_calls.calls) == 1
+    with pytest.raises(_capi.InvalidArgumentError, match="cache_seqlens"):
+        flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=2 ** 32 + 3)  # not truncated to 3
