@@ -606,18 +606,21 @@ def _cu_seqlens_ptr(x, name: str, q: _Desc, stream) -> Tuple[int, int, Any]:
     return d.ptr, d.shape[0] - 1, d
 
 
+def _torch_current_stream(x):
+    """The current torch stream of CUDA tensor x's device, as an int (None = the default stream)."""
+    torch = _torch_module()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~20x cheaper
+    if raw is not None:
+        return raw(x.get_device()) or None
+    return torch.cuda.current_stream(x.device).cuda_stream or None
+
+
 def _resolve_stream(stream, q: _Desc):
     """The cudaStream_t to pass as an integer (or None = the default stream)."""
     if q.device != FA_DEVICE_CUDA:
         return None
     if stream is None:
-        if q.kind == "torch":
-            torch = _torch_module()
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~20x cheaper
-            if raw is not None:
-                return raw(q.device_index) or None
-            return torch.cuda.current_stream(q.keepalive.device).cuda_stream or None
-        return None
+        return _torch_current_stream(q.keepalive) if q.kind == "torch" else None
     if isinstance(stream, int):
         return stream or None
     handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream, cupy Stream (.ptr)
@@ -938,9 +941,7 @@ def _signature(named) -> Optional[tuple]:
 def _current_stream(q, stream):
     """stream, or the current torch stream of a torch CUDA q when stream is None."""
     if stream is None and _is_torch_tensor(q) and q.is_cuda:
-        raw = getattr(_torch_module()._C, "_cuda_getCurrentRawStream", None)
-        if raw is not None:
-            return raw(q.get_device()) or None
+        return _torch_current_stream(q)
     return stream
 
 

@@ -88,12 +88,7 @@ TEST(CudaDropout, KernelMaskIsTheVisibleMaskWithinBinomialBounds) {
   uint64_t seed = 3000;
   for (const int d : {32, 64, 96, 128, 192, 256})
     for (const float drop : {0.1f, 0.5f}) {
-      Case c = make_case(d % 64 == 0 ? FA_BF16 : FA_F16, 203, d - 25, d, seed++);
-      c.batch = 2;
-      c.heads_q = 4;
-      c.heads_kv = 2;
-      c.dropout_p = drop;
-      c.dropout_offset = (uint64_t{5} << 32) + 12345 + static_cast<uint64_t>(d);
+      const Case c = dropout_mask_case(d % 64 == 0 ? FA_BF16 : FA_F16, d, drop, seed++);
       SCOPED_TRACE(c.name());
       Problem p = make_problem(c);
       unit_vector_values(p);
@@ -111,13 +106,7 @@ TEST(CudaDropout, DeterministicBackwardIsBitwiseStable) {
     for (const int d : {64, 128}) {
       const PathGuard guard(path);
       SCOPED_TRACE(path == Path::kSm80 ? "sm80" : "default");
-      Case c = make_case(FA_BF16, 203, 333, d, 3100 + d);
-      c.batch = 2;
-      c.heads_q = 4;
-      c.heads_kv = 2;
-      c.causal = true;
-      c.dropout_p = 0.1f;
-      c.dropout_offset = uint64_t{1} << 33;
+      const Case c = dropout_determinism_case(d, 3100 + d);
       SCOPED_TRACE(c.name());
       Problem p = make_problem(c);
       p.options.deterministic = 1;

@@ -184,13 +184,7 @@ INSTANTIATE_TEST_SUITE_P(Suite, Sm90Dropout, ::testing::ValuesIn(sm90_dropout_ca
 TEST(Sm90DropoutDeterminism, BackwardIsBitwiseStable) {
   FA_REQUIRE_SM90();
   for (const int d : {64, 128, 256}) {
-    Case c = make_case(FA_BF16, 203, 333, d, 5600 + static_cast<uint64_t>(d));
-    c.batch = 2;
-    c.heads_q = 4;
-    c.heads_kv = 2;
-    c.causal = true;
-    c.dropout_p = 0.1f;
-    c.dropout_offset = uint64_t{1} << 33;
+    const Case c = dropout_determinism_case(d, 5600 + static_cast<uint64_t>(d));
     SCOPED_TRACE(c.name());
     const Problem p = make_problem(c);
     Grads a, b;
@@ -234,12 +228,7 @@ TEST(Sm90DropoutMask, KernelMaskIsTheVisibleMaskWithinBinomialBounds) {
   uint64_t seed = 5500;
   for (const int d : {64, 128, 192, 256})
     for (const float drop : {0.1f, 0.5f, 0.9f}) {
-      Case c = make_case(d == 192 ? FA_F16 : FA_BF16, 203, d - 25, d, seed++);
-      c.batch = 2;
-      c.heads_q = 4;
-      c.heads_kv = 2;
-      c.dropout_p = drop;
-      c.dropout_offset = (uint64_t{5} << 32) + 12345 + static_cast<uint64_t>(d);
+      const Case c = dropout_mask_case(d == 192 ? FA_F16 : FA_BF16, d, drop, seed++);
       SCOPED_TRACE(c.name());
       Problem p = make_problem(c);
       unit_vector_values(p);

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "common/harness.h"
+#include "common/suites.h"
 #include "device.h"
 
 namespace flashattn::testing {
@@ -79,6 +80,32 @@ inline ::testing::AssertionResult run_cuda(const Problem& p, bool backward, Vari
   r.dv = dv.download(gv);
   if (p.c.sinks) r.dsinks = x.dsinks.download(x.dsinks_host);
   return ::testing::AssertionSuccess();
+}
+
+// The dropout mask tests' case: two sequences, GQA 4 / 2, 203 rows against
+// head_dim - 25 keys (unit_vector_values needs seqlen_k <= head_dim), an
+// offset past 2^32 (its high word enters the Philox key).
+inline Case dropout_mask_case(fa_dtype dtype, int head_dim, float drop, uint64_t seed) {
+  Case c = make_case(dtype, 203, head_dim - 25, head_dim, seed);
+  c.batch = 2;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.dropout_p = drop;
+  c.dropout_offset = (uint64_t{5} << 32) + 12345 + static_cast<uint64_t>(head_dim);
+  return c;
+}
+
+// The deterministic-backward tests' case: causal, GQA 4 / 2, two sequences,
+// dropout 0.1 at an offset past 2^32.
+inline Case dropout_determinism_case(int head_dim, uint64_t seed) {
+  Case c = make_case(FA_BF16, 203, 333, head_dim, seed);
+  c.batch = 2;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = true;
+  c.dropout_p = 0.1f;
+  c.dropout_offset = uint64_t{1} << 33;
+  return c;
 }
 
 // Dropout's mask read off a forward's output: with V_j the unit vector e_j
