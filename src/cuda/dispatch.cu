@@ -25,6 +25,7 @@
 #include "cuda/dispatch.h"
 #include "cuda/head_dims.h"
 #include "cuda/sm80/api.h"
+#include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm90/bwd/api.h"
 #include "cuda/sm90/fwd/api.h"
@@ -37,6 +38,10 @@ fa_status device_error(cudaError_t err, const char* what) {
   return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
 }
 
+// The tile shape of the block-mask copy the dq post-pass reads (only its
+// per-block bits are read, the same for any shape).
+constexpr int kFixupTile = 128;
+
 template <typename T>
 fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws) {
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
@@ -45,7 +50,11 @@ fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws
   if (!p.has_block_mask() && sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_backward_main(p, ws);
   FA_RETURN_IF_ERROR(s);
-  return bwd::run_postpass<T>(p, ws);
+  // The post-pass's recompute of non-finite dq rows tests pairs against the
+  // block mask's bits (any tile shape has the same bits; none without one).
+  sm80::BlockTileBuffer blocks;
+  FA_RETURN_IF_ERROR(blocks.build(p, kFixupTile, kFixupTile, sm80::BlockWalk::kForward));
+  return bwd::run_postpass<T>(p, ws, blocks.view().blocks);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct NanCase {
   std::string name;
   Case c;
   std::vector<Plant> plants;
+  bool deterministic = false;  // the backward's deterministic mode (fa_options)
 };
 
 // gtest prints a case by its name rather than its bytes.
@@ -72,6 +73,10 @@ inline std::vector<NanCase> nan_semantics_cases(fa_dtype dtype, int head_dim) {
   varlen.varlen_q = {7, 0, 113, 64};
   varlen.varlen_k = {9, 5, 203, 0};
   varlen.seed = 13;
+  // cu_seqlens_k = {0, 9, 14, 217, 217}, cu_seqlens_q = {0, 7, 7, 120, 184}:
+  // sequence 1 has keys and no query rows, so nothing may see its keys 9 and
+  // 10, though a kernel's tile of sequence 0's 9 keys spans them; q row 7 and
+  // dout row 8 (sequence 2) lie just past sequence 0's 7 query rows.
   return {
       {"q_visible_nan", causal, {{Operand::kQ, 100, 0, 5, nan}}},
       {"k_visible_nan", causal, {{Operand::kK, 30, 0, 2, nan}}},
@@ -85,6 +90,9 @@ inline std::vector<NanCase> nan_semantics_cases(fa_dtype dtype, int head_dim) {
       {"varlen_mixed", varlen,
        {{Operand::kQ, 50, 1, 0, nan}, {Operand::kK, 3, 0, 4, nan}, {Operand::kV, 100, 0, 6, nan},
         {Operand::kK, 200, 0, 1, inf}}},
+      {"varlen_isolation", varlen,
+       {{Operand::kV, 9, 0, 2, nan}, {Operand::kK, 10, 0, 3, inf}, {Operand::kQ, 7, 1, 4, nan},
+        {Operand::kDout, 8, 0, 5, nan}}},
   };
 }
 

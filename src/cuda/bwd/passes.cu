@@ -1,6 +1,7 @@
 // Pre- and post-passes of the sm80 backward (memory-bound, one pass each).
 //   pre:  D[h][row] = rowsum(dO * O) in f32, and the f32 dQ accumulator zeroed.
-//   post: dq = scale * dQ accumulator, rounded to the input dtype.
+//   post: dq = scale * dQ accumulator, rounded to the input dtype; the rows
+//         where that is Inf or NaN recomputed exactly (common/nonfinite.cuh).
 // NOTES: one group of lanes per (row, head) in the pre-pass (prepass_group): a
 // row of up to 256 16-bit elements is at most 32 16-byte chunks, one per lane,
 // so the loads are 16 bytes wide and coalesced and the reduction is a shuffle
@@ -17,6 +18,7 @@
 #include "core/layout.h"
 #include "cuda/bwd/workspace.h"
 #include "cuda/common/convert.h"
+#include "cuda/common/nonfinite.cuh"
 
 namespace flashattn::cuda::bwd {
 namespace {
@@ -89,25 +91,75 @@ __global__ void prepass_kernel(const AttentionParams p, const Workspace ws, int 
   }
 }
 
+// The f32 values item `item` of the post-pass stores: dq = scale * accumulator
+// of 8 columns of one (row, head).
+struct DqChunk {
+  int64_t row;
+  int h, c;
+  float4 a, a2;
+
+  __device__ DqChunk(const AttentionParams& p, const Workspace& ws, int64_t item, int chunks) {
+    c = static_cast<int>(item % chunks) * 8;
+    const int64_t rh = item / chunks;
+    row = rh / p.heads_q;
+    h = static_cast<int>(rh % p.heads_q);
+    const float* src = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + row) * ws.accum_dim + c;
+    a = __ldcs(reinterpret_cast<const float4*>(src));
+    a2 = __ldcs(reinterpret_cast<const float4*>(src + 4));
+    a.x *= p.scale; a.y *= p.scale; a.z *= p.scale; a.w *= p.scale;
+    a2.x *= p.scale; a2.y *= p.scale; a2.z *= p.scale; a2.w *= p.scale;
+  }
+  // nonfinite::poison of the 8 values.
+  __device__ float check(float acc) const {
+    using nonfinite::poison;
+    return poison(poison(poison(poison(poison(poison(poison(poison(acc, a.x), a.y), a.z), a.w), a2.x), a2.y), a2.z),
+                  a2.w);
+  }
+};
+
+// The rare path of the post-pass (a warp whose stores held an Inf or NaN):
+// the warp walks its items again, and each (row, head) with a non-finite
+// chunk is recomputed once, for the chunks found (other warps own the rest).
 template <typename T>
-__global__ void postpass_kernel(const AttentionParams p, const Workspace ws) {
+__device__ __noinline__ void fix_dq_chunks(const AttentionParams& p, const Workspace ws, sm80::ListedBlocks blocks) {
+  const int lane = threadIdx.x % 32, chunks = p.head_dim / 8;
+  const int64_t items = p.total_q * p.heads_q * chunks, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31); base < items;
+       base += stride) {
+    const int64_t item = base + lane;
+    const bool mine = item < items;
+    const DqChunk x(p, ws, mine ? item : base, chunks);
+    uint32_t bad = __ballot_sync(0xffffffffu, mine && nonfinite::found(x.check(0.0f)));
+    while (bad != 0) {
+      const int first = __ffs(bad) - 1;
+      const int64_t row = __shfl_sync(0xffffffffu, x.row, first);
+      const int h = __shfl_sync(0xffffffffu, x.h, first);
+      const bool same = ((bad >> lane) & 1u) && x.row == row && x.h == h;
+      const uint32_t cols = __reduce_or_sync(0xffffffffu, same ? 1u << (x.c / 8) : 0u);
+      bad &= ~__ballot_sync(0xffffffffu, same);
+      int b, r;
+      locate_row(p, row, &b, &r);
+      nonfinite::fix_dq_row<T>(p, blocks, ws.row_d, b, h, r, cols);
+    }
+  }
+}
+
+template <typename T>
+__global__ void postpass_kernel(const __grid_constant__ AttentionParams p, const Workspace ws,
+                                const sm80::ListedBlocks blocks) {
   // One thread per 8 output elements (one 16-byte store).
   const int chunks = p.head_dim / 8;
   const int64_t items = p.total_q * p.heads_q * chunks;
+  float check = 0.0f;  // nonfinite::poison of every value stored
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < items;
        item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int c = static_cast<int>(item % chunks) * 8;
-    const int64_t rh = item / chunks;
-    const int64_t row = rh / p.heads_q;
-    const int h = static_cast<int>(rh % p.heads_q);
+    const DqChunk x(p, ws, item, chunks);
+    const int c = x.c, h = x.h;
+    const float4 a = x.a, a2 = x.a2;
+    check = x.check(check);
     int b, r;
-    locate_row(p, row, &b, &r);
+    locate_row(p, x.row, &b, &r);
     const int64_t seq_first = p.is_varlen() ? p.cu_seqlens_q[b] : static_cast<int64_t>(b) * p.seqlen_q;
-    const float* src = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + row) * ws.accum_dim + c;
-    float4 a = __ldcs(reinterpret_cast<const float4*>(src));
-    float4 a2 = __ldcs(reinterpret_cast<const float4*>(src + 4));
-    a.x *= p.scale; a.y *= p.scale; a.z *= p.scale; a.w *= p.scale;
-    a2.x *= p.scale; a2.y *= p.scale; a2.z *= p.scale; a2.w *= p.scale;
     uint4 out;
     T* oe = reinterpret_cast<T*>(&out);
     oe[0] = from_float<T>(a.x); oe[1] = from_float<T>(a.y); oe[2] = from_float<T>(a.z); oe[3] = from_float<T>(a.w);
@@ -116,6 +168,8 @@ __global__ void postpass_kernel(const AttentionParams p, const Workspace ws) {
              row_offset(b, seq_first, r, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, p.is_varlen()) + c;
     *reinterpret_cast<uint4*>(dst) = out;
   }
+  // Every lane has left the loop (whole warps run it: the grid is whole blocks).
+  if (__any_sync(0xffffffffu, nonfinite::found(check))) fix_dq_chunks<T>(p, ws, blocks);  // rare
 }
 
 fa_status launched(const char* what) {
@@ -144,16 +198,16 @@ fa_status run_prepass(const AttentionParams& p, const Workspace& ws) {
 }
 
 template <typename T>
-fa_status run_postpass(const AttentionParams& p, const Workspace& ws) {
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws, const sm80::ListedBlocks& blocks) {
   const int64_t items = p.total_q * p.heads_q * (p.head_dim / 8);
   if (items == 0) return FA_OK;
-  postpass_kernel<T><<<grid_for(items, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(p, ws);
+  postpass_kernel<T><<<grid_for(items, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(p, ws, blocks);
   return launched("backward post-pass launch");
 }
 
 template fa_status run_prepass<__half>(const AttentionParams&, const Workspace&);
 template fa_status run_prepass<__nv_bfloat16>(const AttentionParams&, const Workspace&);
-template fa_status run_postpass<__half>(const AttentionParams&, const Workspace&);
-template fa_status run_postpass<__nv_bfloat16>(const AttentionParams&, const Workspace&);
+template fa_status run_postpass<__half>(const AttentionParams&, const Workspace&, const sm80::ListedBlocks&);
+template fa_status run_postpass<__nv_bfloat16>(const AttentionParams&, const Workspace&, const sm80::ListedBlocks&);
 
 }  // namespace flashattn::cuda::bwd

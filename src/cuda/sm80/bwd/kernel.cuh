@@ -63,6 +63,7 @@
 #include "cuda/common/flags.h"
 #include "cuda/common/launch_env.h"
 #include "cuda/common/mma.h"
+#include "cuda/common/nonfinite.cuh"
 #include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
@@ -364,7 +365,8 @@ struct SharedLayout {
 // else unread). Both chosen at launch.
 template <int D, typename T, class Drop, class Walk>
 __global__ void __launch_bounds__(kThreads, 1)
-    backward_main_kernel(const AttentionParams p, const Workspace ws, int stages, const typename Walk::Tiles tiles) {
+    backward_main_kernel(const __grid_constant__ AttentionParams p, const Workspace ws, int stages,
+                         const typename Walk::Tiles tiles) {
   using C = Config<D, Walk::kListed>;
   using L = SharedLayout<D>;
   constexpr int BM = C::kBlockM, BN = C::kBlockN, RS = C::kRowStride, PS = C::kPStride;
@@ -586,11 +588,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (stages == 1) __syncthreads();  // the single stage is reloaded next
   }
 
-  // dK, dV: f32 registers -> 16-bit rows (columns < head_dim, keys < kv_rows).
+  // dK, dV: f32 registers -> 16-bit rows (columns < head_dim, keys < kv_rows);
+  // rows stored Inf or NaN are recomputed exactly (common/nonfinite.cuh).
   T* gdk = static_cast<T*>(p.dk) + row_offset(b, seq.row_k, k0, hk, p.dk_batch_stride,
                                               p.dk_row_stride, p.dk_head_stride, varlen);
   T* gdv = static_cast<T*>(p.dv) + row_offset(b, seq.row_k, k0, hk, p.dv_batch_stride,
                                               p.dv_row_stride, p.dv_head_stride, varlen);
+  uint32_t bits = 0;  // nonfinite::nonfinite_bits of every value stored
 #pragma unroll
   for (int mi = 0; mi < kKvMT; ++mi)
 #pragma unroll
@@ -601,14 +605,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int ni = 0; ni < kKvNT; ++ni) {
           const int c = kv_n0 + ni * 8 + 2 * t;
           if (c < p.head_dim) {
-            *reinterpret_cast<uint32_t*>(gdk + r * p.dk_row_stride + c) = MmaType<T>::pack(
-                acc_dk[mi][ni][half * 2] * p.scale, acc_dk[mi][ni][half * 2 + 1] * p.scale);
-            *reinterpret_cast<uint32_t*>(gdv + r * p.dv_row_stride + c) =
-                MmaType<T>::pack(acc_dv[mi][ni][half * 2], acc_dv[mi][ni][half * 2 + 1]);
+            const uint32_t dk2 = MmaType<T>::pack(acc_dk[mi][ni][half * 2] * p.scale,
+                                                  acc_dk[mi][ni][half * 2 + 1] * p.scale);
+            const uint32_t dv2 = MmaType<T>::pack(acc_dv[mi][ni][half * 2], acc_dv[mi][ni][half * 2 + 1]);
+            bits |= nonfinite::nonfinite_bits<T>(dk2) | nonfinite::nonfinite_bits<T>(dv2);
+            *reinterpret_cast<uint32_t*>(gdk + r * p.dk_row_stride + c) = dk2;
+            *reinterpret_cast<uint32_t*>(gdv + r * p.dv_row_stride + c) = dv2;
           }
         }
       }
     }
+  if (__syncthreads_or(bits != 0))  // rare: the whole CTA, after every thread's stores
+    nonfinite::fix_dkdv_tile<T>(p, nonfinite::listed_bits(tiles), ws.row_d, b, hk, k0, kv_rows);
 }
 
 // Launches backward_main_kernel<D, T, Drop, Walk> over `grid` on p.stream.

@@ -1,6 +1,7 @@
 // The sm80 forward's epilogue: O / l through shared memory (Q's slot) for
 // 16-byte stores, and lse = ln(l) + m * scale. A row that saw no key: O = 0,
 // lse = -inf. With the pair split, l sums both warps' halves of the keys.
+// Rows stored Inf or NaN are recomputed exactly (common/nonfinite.cuh).
 #pragma once
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
+#include "cuda/common/nonfinite.cuh"
 #include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
@@ -20,13 +22,15 @@
 namespace flashattn::cuda::sm80 {
 
 // O / l of this thread's rows into Q's slot (the loads are drained first),
-// the lse of each row out, then the tile of O out in 16-byte rows.
+// the lse of each row out, then the tile of O out in 16-byte rows. Returns
+// whether a stored value is Inf or NaN (in any thread: the barrier before the
+// store says), for fix_nonfinite_tile.
 // NOTES: every row of this lane is g modulo 8, so all share one swizzle:
 // addresses are a lane base plus kAtom XOR-ed chunk offsets plus constants
 // (QTile::offset per row computed the swizzle again for each of 64 stores:
 // ~350 integer instructions per warp at d256).
 template <class K, typename T>
-__device__ __forceinline__ void write_out(const OAcc<K>& acc, const float (&row_max)[K::kMT][2],
+__device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_max)[K::kMT][2],
                                           const float (&row_sum)[K::kMT][2], const AttentionParams& p,
                                           const FwdCta<T>& cta, const FwdThread& th, const QCopy<K>& q_copy,
                                           float scale_log2, int d_valid) {
@@ -44,6 +48,7 @@ __device__ __forceinline__ void write_out(const OAcc<K>& acc, const float (&row_
                           4 * th.t;
   cp_async_wait<0>();
   __syncthreads();
+  uint32_t bits = 0;  // nonfinite::nonfinite_bits of every value staged
 #pragma unroll
   for (int mt = 0; mt < K::kMT; ++mt)
 #pragma unroll
@@ -64,6 +69,7 @@ __device__ __forceinline__ void write_out(const OAcc<K>& acc, const float (&row_
 #pragma unroll
       for (int dt = 0; dt < K::kDT; ++dt) {
         const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
+        bits |= nonfinite::nonfinite_bits<T>(packed);
         if constexpr (K::kFastOStaging) {
           st_shared_b32(o_base + QTile::at(o_lane, mt * 16 + hf * 8, dt), packed);
         } else {
@@ -77,10 +83,24 @@ __device__ __forceinline__ void write_out(const OAcc<K>& acc, const float (&row_
         p.lse[off] = lse;
       }
     }
-  __syncthreads();
+  const bool any_nonfinite = __syncthreads_or(bits != 0);
   T* o = static_cast<T*>(p.out) + row_offset(cta.b, cta.seq.row_q, cta.m0, cta.h, p.o_batch_stride, p.o_row_stride,
                                              p.o_head_stride, cta.varlen);
   q_copy.store(o, p.o_row_stride, smem, cta.rows_valid, d_valid);
+  return any_nonfinite;
+}
+
+// The rare path after a write_out that returned true (the whole CTA): its
+// rows stored Inf or NaN recomputed exactly (common/nonfinite.cuh).
+// NOTES: the tile is placed again from blockIdx, so nothing of it stays live
+// across the K/V loop for this path: keeping the sequence, head and first row
+// live until here made ptxas spill the d128 kernel (at 255 registers).
+template <class K, typename T>
+__device__ __noinline__ void fix_nonfinite_tile(const AttentionParams& p, int m_blocks, sm80::ListedBlocks blocks) {
+  FwdCta<T> cta;
+  cta.template place<K>(p, m_blocks);
+  __syncthreads();  // every thread's stores of the tile come first
+  nonfinite::fix_out_tile<T>(p, blocks, cta.b, cta.h, cta.m0, min(K::kM, cta.seq.seqlen_q - cta.m0));
 }
 
 }  // namespace flashattn::cuda::sm80

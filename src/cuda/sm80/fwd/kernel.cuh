@@ -53,7 +53,7 @@ namespace flashattn::cuda::sm80 {
 // Walk: DenseKeys, or ListedKeys with a block mask (`tiles`, else unread).
 template <int kD, typename T, class Cfg, class Drop = NoDropout, class Walk = DenseKeys>
 __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
-    forward_kernel(const AttentionParams p, int m_blocks, const typename Walk::Tiles tiles) {
+    forward_kernel(const __grid_constant__ AttentionParams p, int m_blocks, const typename Walk::Tiles tiles) {
   using K = FwdTraits<kD, Cfg>;
   constexpr int kMT = K::kMT, kDT = K::kDT, kStages = K::kStages;
   // NOTES: the exit sits between place() and plan() as it did in the
@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     pv<K, T>(acc, pk, lanes, th, slot);
   }
 
-  write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid);
+  if (write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid))  // rare
+    fix_nonfinite_tile<K, T>(p, m_blocks, nonfinite::listed_bits(tiles));
 }
 
 }  // namespace flashattn::cuda::sm80

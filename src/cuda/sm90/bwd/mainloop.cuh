@@ -319,7 +319,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   }
 
   dropout_scale_dv<K, Drop>(dv, p);
-  store_dk_dv<K, T>(dk, dv, p, cta, th);
+  store_dk_dv<K, T>(dk, dv, p, cta, th, ws.row_d);
 }
 
 }  // namespace flashattn::cuda::sm90

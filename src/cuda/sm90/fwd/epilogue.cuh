@@ -1,6 +1,8 @@
 // The Hopper forward's epilogue: O / l and the logsumexp of a finished tile,
 // stored through shared memory and TMA (kOTma) or straight from registers; in
 // the split-tail kernel, the parts of a tile cut along the keys merged first.
+// Rows stored Inf or NaN are recomputed exactly (common/nonfinite.cuh), once
+// the consumer's walk is over (fix_after_walk).
 #pragma once
 
 #include <cmath>
@@ -10,6 +12,8 @@
 #include "core/layout.h"
 #include "core/params.h"
 #include "cuda/common/mma.h"
+#include "cuda/common/named_barrier.h"
+#include "cuda/common/nonfinite.cuh"
 #include "cuda/sm90/fwd/scheduler.cuh"
 #include "cuda/sm90/tma_store.h"
 #include "cuda/sm90/fwd/traits.h"
@@ -44,15 +48,21 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int lane) {
 // completes the tile's last part merges every part into o, m, l and returns
 // true. The others return false: their rows are not theirs to store.
 // Slots: [tail tile][part][consumer warp][float4 i][lane], O then (m0, m1, l0, l1).
+// This lane's float4s of part `part`'s slot (O, then (m, l) at kVecs * 32).
+template <int D>
+__device__ __forceinline__ float4* split_slot(const FwdArgs& a, const SplitSegment& seg, int part, int warp_slot,
+                                              int num_warps, int lane) {
+  constexpr int kVecs = D / 8;  // float4s of O per thread; the (m, l) one follows
+  const size_t s = (static_cast<size_t>(seg.tile) * a.tail.max_parts + part) * num_warps + warp_slot;
+  return reinterpret_cast<float4*>(a.part_o) + s * (kVecs + 1) * 32 + lane;
+}
+
 template <int D>
 __device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSegment& seg, int warp_slot,
                                                  int num_warps, int lane, float (&o)[D / 2],
                                                  float (&m)[2], float (&l)[2]) {
-  constexpr int kVecs = D / 8;  // float4s of O per thread; the (m, l) one follows
-  auto slot = [&](int part) {
-    const size_t s = (static_cast<size_t>(seg.tile) * a.tail.max_parts + part) * num_warps + warp_slot;
-    return reinterpret_cast<float4*>(a.part_o) + s * (kVecs + 1) * 32 + lane;
-  };
+  constexpr int kVecs = D / 8;
+  auto slot = [&](int part) { return split_slot<D>(a, seg, part, warp_slot, num_warps, lane); };
   float4* mine = slot(seg.part);
 #pragma unroll
   for (int i = 0; i < kVecs; ++i)
@@ -99,6 +109,28 @@ __device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSe
     l[r] = st[r].l;
   }
   return true;
+}
+
+// The rare path of the NaN/Inf rules (common/nonfinite.cuh), one warp: the
+// walk's tiles again (work_at is a function of the step), and of each the
+// warp's 16 rows (row_off on from the tile's first) that came out non-finite,
+// recomputed. A tile split along the keys is stored by the warp that merged
+// it (of any CTA): a warp visits one only where its own part's slot says it
+// merged it and found an Inf or NaN (a NaN m there, written by finish()).
+template <class K, typename T, bool kSplit>
+__device__ __noinline__ void fix_walk_rows(const AttentionParams& p, const FwdArgs& a, int row_off, int warp_slot) {
+  for (int step = 0; step < a.num_steps; ++step) {
+    TileWork w;
+    SplitSegment seg;
+    if (!work_at<K::kBlockM, K::kBlockN, kSplit, K::kCache>(p, a, step, w, seg) || !w.valid) continue;
+    if (kSplit && seg.parts > 1) {
+      const float4 ml = __ldcg(split_slot<K::kHeadDim>(a, seg, seg.part, warp_slot, 4 * K::kConsumers, 0) +
+                               K::kHeadDim / 8 * 32);
+      if (!isnan(ml.x)) continue;  // not merged here, or merged finite
+    }
+    const int row0 = w.m0 + row_off;
+    nonfinite::fix_out_rows<T>(p, w.b, w.h, row0, min(16, w.seq.seqlen_q - row0));
+  }
 }
 
 // NOTES: with kOTma (not varlen: a TMA box would spill into the next
@@ -149,13 +181,28 @@ struct Epilogue {
     }
   }
 
+  // After the consumer's walk (the mainloop's last TMA store waited for by
+  // its thread 0; nothing in flight): where a warp of the warpgroup stored an
+  // Inf or NaN (`nonfinite`, from finish()), every warp checks the rows it
+  // stored and recomputes the non-finite ones (nonfinite::fix_walk_rows).
+  // NOTES: at the end, not per tile: a call next to the tile's epilogue sat
+  // inside the next tile's wgmma window with its S live (ptxas spilled up to
+  // 634 bytes in the d64 kernels); here one barrier per warpgroup per CTA.
+  __device__ __forceinline__ void fix_after_walk(bool nonfinite) const {
+    if constexpr (!K::kCache) {
+      if (named_sync_or(K::kOBarrier0 + cw, 128, nonfinite))  // rare
+        fix_walk_rows<K, T, kSplit>(p, a, cw * 64 + warp * 16, cw * 4 + warp);
+    }
+  }
+
   // Row r of this thread's two from registers.
   // NOTES: the 4 lanes of a quad hold 8 consecutive columns of a row (2 each);
   // a quad transpose gives each lane all 8 of one group, so a warp writes 8
   // rows x 64 bytes per 16-byte store (whole 32-byte sectors) instead of 8 x 16
   // per 4-byte store.
+  // bits: OR of nonfinite::nonfinite_bits of the values stored.
   __device__ __forceinline__ void store_row(const RowTile& t, int r, bool row_ok, const float (&o)[D / 2],
-                                            const float (&inv)[2]) const {
+                                            const float (&inv)[2], uint32_t& bits) const {
     const TileWork& w = t.w;
     const int row = t.row0 + 8 * r;
     T* orow = static_cast<T*>(p.out) + (row_ok ? row_offset(w.b, w.seq.row_q, row, w.h, p.o_batch_stride,
@@ -168,6 +215,7 @@ struct Epilogue {
       for (int c = 0; c < 4; ++c) {
         const int i = 4 * b + c;
         v[c] = pack2<T>(o[4 * i + 2 * r] * inv[r], o[4 * i + 2 * r + 1] * inv[r]);
+        bits |= nonfinite::nonfinite_bits<T>(v[c]);
       }
       quad_transpose(v, lane);
       // Columns 8g..8g+7 of group g = 4b + lane % 4 exist when 8g < head_dim (a multiple of 8).
@@ -180,7 +228,8 @@ struct Epilogue {
   // O / l (0 for rows that saw no key: l == 0); lse = max logit + log l (-inf then),
   // both with the sink's share when there is one.
   // l holds per-thread partial sums: the quad reduction happens here, once.
-  __device__ __forceinline__ void finish(const RowTile& t, float (&o)[D / 2], float (&m)[2], float (&l)[2]) const {
+  // Returns whether the warp stored an Inf or NaN, for fix_after_walk().
+  __device__ __forceinline__ bool finish(const RowTile& t, float (&o)[D / 2], float (&m)[2], float (&l)[2]) const {
     const TileWork& w = t.w;
     float inv[2];
 #pragma unroll
@@ -204,7 +253,7 @@ struct Epilogue {
     bool merged = false;
     if constexpr (kSplit) {
       if (t.seg.parts > 1) {
-        if (!merge_split_part<D>(a, t.seg, cw * 4 + warp, 4 * K::kConsumers, lane, o, m, l)) return;
+        if (!merge_split_part<D>(a, t.seg, cw * 4 + warp, 4 * K::kConsumers, lane, o, m, l)) return false;
         merged = true;
 #pragma unroll
         for (int r = 0; r < 2; ++r) inv[r] = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
@@ -223,6 +272,7 @@ struct Epilogue {
         inv[r] *= sink.output_factor(lse_keys, lse[r]);
       }
     }
+    uint32_t bits = 0;  // nonfinite::nonfinite_bits of the values stored
     bool o_stored = false;
     if constexpr (K::kOTma) {
       if (!p.is_varlen() && !merged) {
@@ -235,6 +285,8 @@ struct Epilogue {
           po[2 * i + 2] = pack2<T>(o[4 * i + 4] * inv[0], o[4 * i + 5] * inv[0]);
           po[2 * i + 3] = pack2<T>(o[4 * i + 6] * inv[1], o[4 * i + 7] * inv[1]);
         }
+#pragma unroll
+        for (int k = 0; k < D / 4; ++k) bits |= nonfinite::nonfinite_bits<T>(po[k]);
         const int wg_row0 = w.m0 + cw * 64;
         store_o_tma(po, wg_row0 < w.seq.seqlen_q ? wg_row0 : -1, w.h, w.b);
       }
@@ -243,11 +295,18 @@ struct Epilogue {
     for (int r = 0; r < 2; ++r) {
       const int row = t.row0 + 8 * r;
       const bool row_ok = row < w.seq.seqlen_q;
-      if (!o_stored) store_row(t, r, row_ok, o, inv);
+      if (!o_stored) store_row(t, r, row_ok, o, inv, bits);
       if (row_ok && p.lse != nullptr && lane % 4 == 0) {
         p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] = lse[r];
       }
     }
+    const bool found = __any_sync(0xffffffffu, K::kCache ? false : bits != 0);
+    // A merged tile's rows with an Inf or NaN: noted in this warp's own part
+    // slot (read by no one after the merge; m is never NaN) for fix_walk_rows.
+    if (kSplit && merged && found && lane == 0)
+      __stcg(split_slot<D>(a, t.seg, t.seg.part, cw * 4 + warp, 4 * K::kConsumers, 0) + D / 8 * 32,
+             make_float4(NAN, NAN, NAN, NAN));
+    return found;
   }
 };
 

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
                    const __grid_constant__ CUtensorMap tma_k,
                    const __grid_constant__ CUtensorMap tma_v,
                    const __grid_constant__ CUtensorMap tma_o,
-                   const __grid_constant__ AttentionParams p, const FwdArgs a) {
+                   const __grid_constant__ AttentionParams p, const __grid_constant__ FwdArgs a) {
 #if FLASHATTN_SM90_DEVICE
   using K = FwdTraits<Tune, C, N, kCache>;
   extern __shared__ uint8_t smem_raw[];
@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
     const Epilogue<K, T, kSplit> epi{&tma_o, p, a, sm.o_staging(cw), cw, tid, tid / 32, tid % 32};
     Consumer<K, T, kSplit, Drop> consumer(p, a, sm, epi, cw, tid);
     consumer.run();
+    epi.fix_after_walk(consumer.nonfinite);
   }
 #endif
 }

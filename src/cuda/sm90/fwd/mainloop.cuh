@@ -50,6 +50,7 @@ struct Consumer {
   int qt = 0;  // tiles with loads so far, as the producer counts them
   int it = 0;  // K/V stages consumed so far, as the producer fills them
   uint64_t* q_empty = nullptr;
+  bool nonfinite = false;  // an epilogue of this warp stored an Inf or NaN (Epilogue::fix_after_walk)
 
   __device__ __forceinline__ Consumer(const AttentionParams& p_, const FwdArgs& a_, const FwdSmem<K, T>& sm_,
                                       const Epilogue<K, T, kSplit>& epi_, int cw_, int tid)
@@ -245,7 +246,7 @@ struct Consumer {
     release(&sm.empty_v[s]);
     ++it;
     dropout_scale_out<Drop>(o, p);
-    epi.finish(t, o, m, l);
+    nonfinite |= epi.finish(t, o, m, l);
     wgmma_wait<0>();
     fence_operands(sc);
     reset_rows();
@@ -313,7 +314,7 @@ struct Consumer {
       // (A tile with no visible key stores O = 0 and logsumexp -inf.)
       if (!fused) {
         dropout_scale_out<Drop>(o, p);
-        epi.finish(cur, o, m, l);
+        nonfinite |= epi.finish(cur, o, m, l);
         reset_rows();
         if (!kCrossTile || w.n_end <= w.n_begin) have_next = next_tile(step_next, nxt);
       }

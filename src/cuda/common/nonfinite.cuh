@@ -1,0 +1,382 @@
+// The GPU NaN/Inf rules (docs/semantics.md) where a kernel stores its rows.
+//
+// Why a store-time check is enough: a tensor-core product adds P x V (or
+// dS x K, ...) for every pair of a tile, and at a masked pair the factor is 0
+// exactly, but 0 x Inf and 0 x NaN are NaN. NaN is absorbing in every later
+// step of the kernels (sums, products, the O / l scaling; the running maxima
+// never take an accumulator), so such a contamination always leaves a NaN in
+// the f32 value about to be stored. A finite value never met one.
+//
+// So each epilogue folds the values it stores into one f32 check (poison():
+// x * 0 is NaN exactly when x is Inf or NaN, one FFMA a value) and, only when
+// that comes out NaN, calls one of the out-of-line fixes below. A fix
+// recomputes the affected rows exactly, in f32, pair by pair over the pairs
+// the row really has (its visible keys, or a key's visible queries), with the
+// code the reference and the CPU backend use (attention/mask.h, score_mod.h,
+// dropout.h, block masks through the sm80 kernels' ListedBlocks bits), and
+// stores them over the tile's regular stores:
+//   forward   out rows and their lse
+//   backward  dq rows (post-pass); dk and dv rows of a key and KV head
+// Formulas (the reference's, src/reference/reference.cpp):
+//   s_ij  = softcap(scale q_i . k_j) + ALiBi(i, j)
+//   P_ij  = exp(s_ij - lse_i), 0 where s_ij = -inf
+//   out_i = sum_j P_ij z_ij v_j                         (z: dropout's factor)
+//   dS_ij = P_ij (z_ij dO_i . v_j - D_i) softcap'(s_ij)
+//   dq_i  = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i P_ij z_ij dO_i
+//
+// NOTES: the fixes are __noinline__ so the kernels' own code (and registers)
+// stay as they were: the plain path pays the FFMAs and one vote or barrier
+// per tile. They take the call's parameters by reference (the kernels'
+// parameter is __grid_constant__: no local copy) and few scalars. The rare
+// path is written for clarity, not speed: one warp a row, lane l holding
+// columns l, l + 32, ..., every dot product a warp-wide sum.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/dropout.h"
+#include "attention/mask.h"
+#include "attention/score_mod.h"
+#include "core/layout.h"
+#include "core/params.h"
+#include "cuda/common/convert.h"
+#include "cuda/sm80/block_sparse.cuh"
+
+namespace flashattn::cuda::nonfinite {
+
+// Bit 15 of each 16-bit half of a packed pair set where that half is Inf or
+// NaN (exponent all ones: |h| >= E).
+// NOTES: |h| + (0x8000 - E) reaches 0x8000 exactly when |h| >= E and never
+// carries into the next half (|h| <= 0x7fff): three integer instructions a
+// pair, for epilogues that hold the packed values and have no register to
+// spare for an f32 check (the Hopper forward's d64 kernel spilled with one).
+template <typename T>
+__device__ __forceinline__ uint32_t nonfinite_bits(uint32_t packed) {
+  constexpr uint32_t kAllOnes = std::is_same_v<T, __half> ? 0x7c00u : 0x7f80u;  // else bf16
+  constexpr uint32_t kBias = (0x8000u - kAllOnes) * 0x10001u;
+  return ((packed & 0x7fff7fffu) + kBias) & 0x80008000u;
+}
+
+// check = poison(check, x) over every stored x: NaN iff one of them is Inf or NaN.
+__device__ __forceinline__ float poison(float check, float x) { return fmaf(x, 0.0f, check); }
+__device__ __forceinline__ bool found(float check) { return check != check; }
+
+// Which 8-column chunks of a row a fix stores (bit c: columns 8c .. 8c + 7;
+// 32 bits cover kMaxHeadDim): a warp that owns only some columns of a row
+// (the Hopper backward's split-d, the dq post-pass) rewrites only those.
+inline constexpr uint32_t kAllChunks = 0xffffffffu;
+static_assert(kMaxHeadDim / 8 <= 32, "one bit per 8-column chunk");
+
+// A launch's block-mask bits for the fixes: those of its BlockTiles, none
+// for a walk without a block mask (an empty Tiles).
+__device__ __forceinline__ sm80::ListedBlocks listed_bits(const sm80::BlockTiles& tiles) { return tiles.blocks; }
+template <class Tiles>
+__device__ __forceinline__ sm80::ListedBlocks listed_bits(const Tiles&) {
+  return {};
+}
+
+namespace detail {
+
+constexpr int kLaneCols = kMaxHeadDim / 32;  // columns per lane: lane + 32 r
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// This lane's columns of one row, in f32 (0 past the head dim).
+struct LaneRow {
+  float v[kLaneCols];
+
+  template <typename T>
+  __device__ __forceinline__ void load(const T* row, int d, int lane) {
+#pragma unroll
+    for (int r = 0; r < kLaneCols; ++r) {
+      const int c = lane + 32 * r;
+      v[r] = c < d ? to_float(row[c]) : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int r = 0; r < kLaneCols; ++r) v[r] = 0.0f;
+  }
+  __device__ __forceinline__ float dot(const LaneRow& o) const {
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kLaneCols; ++r) s += v[r] * o.v[r];
+    return warp_sum(s);
+  }
+  // this += a x.
+  __device__ __forceinline__ void add(float a, const LaneRow& x) {
+#pragma unroll
+    for (int r = 0; r < kLaneCols; ++r) v[r] += a * x.v[r];
+  }
+  template <typename T>
+  __device__ __forceinline__ void store(T* row, float factor, int d, int lane, uint32_t chunks) const {
+#pragma unroll
+    for (int r = 0; r < kLaneCols; ++r) {
+      const int c = lane + 32 * r;
+      if (c < d && ((chunks >> (c / 8)) & 1u)) row[c] = from_float<T>(v[r] * factor);
+    }
+  }
+};
+
+// Whether any of the d values of a row (those of `chunks`) is Inf or NaN
+// (the whole warp answers).
+template <typename T>
+__device__ __forceinline__ bool row_nonfinite(const T* row, int d, int lane, uint32_t chunks = kAllChunks) {
+  bool bad = false;
+  for (int c = lane; c < d; c += 32) bad |= ((chunks >> (c / 8)) & 1u) && !isfinite(to_float(row[c]));
+  return __any_sync(0xffffffffu, bad);
+}
+
+// One (sequence, query head)'s view of the call: its rows, its mask, its
+// score modifiers and its dropout stream.
+struct HeadView {
+  const AttentionParams& p;
+  int b, h;
+  SequenceInfo seq;
+  MaskPolicy mask;
+  sm80::ListedBlocks blocks;  // the block mask's bits (unread without one)
+
+  __device__ __forceinline__ HeadView(const AttentionParams& params, sm80::ListedBlocks listed, int b_, int h_)
+      : p(params), b(b_), h(h_), seq(sequence_info(params, b_)), mask(mask_for(params, seq)), blocks(listed) {}
+
+  __device__ __forceinline__ bool visible(int i, int j) const {
+    if (!mask.visible(i, j)) return false;
+    if (!p.has_block_mask()) return true;
+    const int64_t row = sm80::BlockTiles::list_row(p.block_mask, b, h);
+    return sm80::ListedBlocks::listed(blocks.row_bits(p.block_mask, row, i), j / p.block_mask.block_k);
+  }
+  // The modified score of (i, j) from q_i . k_j; *capped gets it before ALiBi
+  // (softcap's derivative is a function of it).
+  __device__ __forceinline__ float score(float dot, int i, int j, float* capped) const {
+    float s = dot * p.scale;
+    if (p.softcap > 0.0f) s = SoftcapScore{p.softcap}(s);
+    *capped = s;
+    return p.has_alibi() ? alibi_for(p, seq, b, h)(s, i, j) : s;
+  }
+  // dropout.h's factor(), read from the pair's fragment bits.
+  // NOTES: factor() picks its byte with a runtime index into the Philox
+  // output, a 16-byte local array: a stack frame in every kernel with a fix.
+  __device__ __forceinline__ float dropout_factor(int i, int j) const {
+    if (!p.has_dropout()) return 1.0f;
+    const uint32_t bits =
+        p.dropout.fragment(b * p.heads_q + h, i / dropout::kBlockRows, i % 8, j / dropout::kBlockKeys, (j % 8) / 2);
+    const int bit = dropout::fragment_bit((i % dropout::kBlockRows) / 8, (j % dropout::kBlockKeys) / 8, j % 2);
+    return (bits >> bit) & 1u ? p.dropout.scale : 0.0f;
+  }
+  // P = exp(s - lse); a score of -inf contributes nothing.
+  __device__ __forceinline__ static float prob(float s, float lse) { return s == -INFINITY ? 0.0f : expf(s - lse); }
+  // dS before the scale, from P, dP = dO . v, D and the score before ALiBi.
+  __device__ __forceinline__ float ds(float pr, float dp, float row_d, float capped, int i, int j) const {
+    const float g = pr * (dropout_factor(i, j) * dp - row_d);
+    return p.softcap > 0.0f ? g * SoftcapScore{p.softcap}.grad(capped) : g;
+  }
+
+  __device__ __forceinline__ int64_t q_offset(int i, int64_t batch_stride, int64_t row_stride,
+                                              int64_t head_stride) const {
+    return row_offset(b, seq.row_q, i, h, batch_stride, row_stride, head_stride, p.is_varlen());
+  }
+  __device__ __forceinline__ int64_t k_offset(int j, int64_t batch_stride, int64_t row_stride,
+                                              int64_t head_stride) const {
+    return row_offset(b, seq.row_k, j, h / p.group_size(), batch_stride, row_stride, head_stride, p.is_varlen());
+  }
+  template <typename T>
+  __device__ __forceinline__ const T* q_row(int i) const {
+    return static_cast<const T*>(p.q) + q_offset(i, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  }
+  template <typename T>
+  __device__ __forceinline__ const T* do_row(int i) const {
+    return static_cast<const T*>(p.dout) + q_offset(i, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  }
+  template <typename T>
+  __device__ __forceinline__ const T* k_row(int j) const {
+    return static_cast<const T*>(p.k) + k_offset(j, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  }
+  template <typename T>
+  __device__ __forceinline__ const T* v_row(int j) const {
+    return static_cast<const T*>(p.v) + k_offset(j, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  }
+  __device__ __forceinline__ float lse(int i) const { return p.lse[lse_offset(p, b, seq.row_q, i, h)]; }
+  // D of row i (the backward's pre-pass, [heads_q][total_q]).
+  __device__ __forceinline__ float row_d(const float* d, int i) const {
+    return d[static_cast<int64_t>(h) * p.total_q + seq.row_q + i];
+  }
+};
+
+// Forward row i of one head: the max score, then l = sum P and O = sum P z v
+// (P relative to the max), the sink's share, then O and the lse out.
+template <typename T>
+__device__ __forceinline__ void recompute_out_row(const HeadView& hv, int i, int lane) {
+  const AttentionParams& p = hv.p;
+  const int d = p.head_dim;
+  LaneRow q, kv;
+  q.load(hv.q_row<T>(i), d, lane);
+  const int j_begin = hv.mask.key_begin(i), j_end = hv.mask.key_end(i + 1);
+  float m = -INFINITY, capped;
+  for (int j = j_begin; j < j_end; ++j) {
+    if (!hv.visible(i, j)) continue;
+    kv.load(hv.k_row<T>(j), d, lane);
+    m = fmaxf(m, hv.score(q.dot(kv), i, j, &capped));  // fmaxf drops NaN: its P below is NaN
+  }
+  float l = 0.0f;
+  LaneRow o;
+  o.zero();
+  for (int j = j_begin; j < j_end; ++j) {
+    if (!hv.visible(i, j)) continue;
+    kv.load(hv.k_row<T>(j), d, lane);
+    const float pr = HeadView::prob(hv.score(q.dot(kv), i, j, &capped), m);
+    l += pr;
+    kv.load(hv.v_row<T>(j), d, lane);
+    o.add(pr * hv.dropout_factor(i, j), kv);  // every visible key, even at weight 0 (0 x NaN = NaN)
+  }
+  const bool empty = l == 0.0f;
+  float inv = empty ? 0.0f : 1.0f / l;
+  float lse = empty ? -INFINITY : m + logf(l);
+  if (p.has_sinks()) {
+    const AttentionSink sink{p.sinks[hv.h]};
+    const float lse_keys = lse;
+    lse = sink.lse(lse_keys);
+    inv *= sink.output_factor(lse_keys, lse);
+  }
+  o.store(static_cast<T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride), inv, d, lane,
+          kAllChunks);
+  if (lane == 0 && p.lse != nullptr) p.lse[lse_offset(p, hv.b, hv.seq.row_q, i, hv.h)] = lse;
+}
+
+// dq row i of one head (its chunks in `chunks`).
+template <typename T>
+__device__ __forceinline__ void recompute_dq_row(const HeadView& hv, const float* row_d, int i, int lane,
+                                                 uint32_t chunks) {
+  const AttentionParams& p = hv.p;
+  const int d = p.head_dim;
+  LaneRow q, dout, k, v, dq;
+  q.load(hv.q_row<T>(i), d, lane);
+  dout.load(hv.do_row<T>(i), d, lane);
+  dq.zero();
+  const float lse = hv.lse(i), di = hv.row_d(row_d, i);
+  // A row of only -inf scores (lse -inf, no sink) has zero gradients, as one
+  // that sees no key.
+  const int j_end = lse == -INFINITY ? 0 : hv.mask.key_end(i + 1);
+  for (int j = hv.mask.key_begin(i); j < j_end; ++j) {
+    if (!hv.visible(i, j)) continue;
+    k.load(hv.k_row<T>(j), d, lane);
+    v.load(hv.v_row<T>(j), d, lane);
+    float capped;
+    const float pr = HeadView::prob(hv.score(q.dot(k), i, j, &capped), lse);
+    dq.add(hv.ds(pr, dout.dot(v), di, capped, i, j), k);
+  }
+  dq.store(static_cast<T*>(p.dq) + hv.q_offset(i, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride), p.scale, d,
+           lane, chunks);
+}
+
+// dk and dv rows of key j of sequence b, KV head hk (their chunks in
+// `chunks`): every query head of the group, every query row that sees the key.
+template <typename T>
+__device__ __forceinline__ void recompute_dkdv_row(const AttentionParams& p, sm80::ListedBlocks blocks,
+                                                   const float* row_d, int b, int hk, int j, int lane,
+                                                   uint32_t chunks) {
+  const int d = p.head_dim, group = p.group_size();
+  LaneRow k, v, q, dout, dk, dv;
+  const HeadView first(p, blocks, b, hk * group);
+  k.load(first.k_row<T>(j), d, lane);
+  v.load(first.v_row<T>(j), d, lane);
+  dk.zero();
+  dv.zero();
+  for (int h = hk * group; h < (hk + 1) * group; ++h) {
+    const HeadView hv(p, blocks, b, h);
+    const int i_end = hv.mask.query_end(j + 1);
+    for (int i = hv.mask.query_begin(j); i < i_end; ++i) {
+      const float lse = hv.lse(i);
+      if (!hv.visible(i, j) || lse == -INFINITY) continue;  // -inf: zero gradients (recompute_dq_row)
+      q.load(hv.q_row<T>(i), d, lane);
+      dout.load(hv.do_row<T>(i), d, lane);
+      float capped;
+      const float pr = HeadView::prob(hv.score(q.dot(k), i, j, &capped), lse);
+      dv.add(pr * hv.dropout_factor(i, j), dout);
+      dk.add(hv.ds(pr, dout.dot(v), hv.row_d(row_d, i), capped, i, j), q);
+    }
+  }
+  dk.store(static_cast<T*>(p.dk) + first.k_offset(j, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride), p.scale, d,
+           lane, chunks);
+  dv.store(static_cast<T*>(p.dv) + first.k_offset(j, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride), 1.0f, d,
+           lane, chunks);
+}
+
+}  // namespace detail
+
+// ---- The fixes the epilogues call (all lanes of each calling warp). ----
+
+// Warp (after its stores are visible to it): out rows [row0, row0 + rows) of
+// sequence b, head h, those stored non-finite.
+template <typename T>
+__device__ __forceinline__ void fix_out_rows(const AttentionParams& p, int b, int h, int row0, int rows) {
+  const detail::HeadView hv(p, sm80::ListedBlocks{}, b, h);
+  const int lane = threadIdx.x % 32;
+  for (int i = row0; i < row0 + rows; ++i) {
+    const T* o = static_cast<const T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    if (detail::row_nonfinite(o, p.head_dim, lane)) detail::recompute_out_row<T>(hv, i, lane);
+  }
+}
+
+// CTA (after a barrier that follows its stores): out rows [m0, m0 + rows) of
+// sequence b, head h, those stored non-finite.
+template <typename T>
+__device__ __forceinline__ void fix_out_tile(const AttentionParams& p, sm80::ListedBlocks blocks, int b, int h, int m0,
+                                             int rows) {
+  const detail::HeadView hv(p, blocks, b, h);
+  const int lane = threadIdx.x % 32;
+  for (int i = m0 + static_cast<int>(threadIdx.x / 32); i < m0 + rows; i += blockDim.x / 32) {
+    const T* o = static_cast<const T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    if (detail::row_nonfinite(o, p.head_dim, lane)) detail::recompute_out_row<T>(hv, i, lane);
+  }
+}
+
+// CTA (after a barrier that follows its stores): dk / dv rows of keys
+// [k0, k0 + rows) of sequence b, KV head hk, those stored non-finite.
+template <typename T>
+__device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, sm80::ListedBlocks blocks, const float* row_d,
+                                           int b, int hk, int k0, int rows) {
+  const detail::HeadView first(p, blocks, b, hk * p.group_size());
+  const int lane = threadIdx.x % 32;
+  for (int j = k0 + static_cast<int>(threadIdx.x / 32); j < k0 + rows; j += blockDim.x / 32) {
+    const T* dk = static_cast<const T*>(p.dk) + first.k_offset(j, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    const T* dv = static_cast<const T*>(p.dv) + first.k_offset(j, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    if (detail::row_nonfinite(dk, p.head_dim, lane) || detail::row_nonfinite(dv, p.head_dim, lane))
+      detail::recompute_dkdv_row<T>(p, blocks, row_d, b, hk, j, lane, kAllChunks);
+  }
+}
+
+// Warp (after its stores are visible to it): dk / dv rows of keys
+// [key0, key0 + keys) of sequence b, KV head hk, those whose columns in
+// `chunks` were stored non-finite, recomputed there.
+template <typename T>
+__device__ __noinline__ void fix_dkdv_rows(const AttentionParams& p, const float* row_d, int b, int hk, int key0,
+                                           int keys, uint32_t chunks) {
+  const detail::HeadView first(p, sm80::ListedBlocks{}, b, hk * p.group_size());
+  const int lane = threadIdx.x % 32;
+  for (int j = key0; j < key0 + keys; ++j) {
+    const T* dk = static_cast<const T*>(p.dk) + first.k_offset(j, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    const T* dv = static_cast<const T*>(p.dv) + first.k_offset(j, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    if (detail::row_nonfinite(dk, p.head_dim, lane, chunks) || detail::row_nonfinite(dv, p.head_dim, lane, chunks))
+      detail::recompute_dkdv_row<T>(p, sm80::ListedBlocks{}, row_d, b, hk, j, lane, chunks);
+  }
+}
+
+// Warp: the dq row of (flattened row `row`, head h) of sequence b, row i in
+// it, the columns of `chunks`.
+template <typename T>
+__device__ __forceinline__ void fix_dq_row(const AttentionParams& p, sm80::ListedBlocks blocks, const float* row_d,
+                                           int b, int h, int i, uint32_t chunks) {
+  const detail::HeadView hv(p, blocks, b, h);
+  detail::recompute_dq_row<T>(hv, row_d, i, threadIdx.x % 32, chunks);
+}
+
+}  // namespace flashattn::cuda::nonfinite
