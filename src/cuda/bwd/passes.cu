@@ -144,9 +144,16 @@ __device__ __noinline__ void fix_dq_chunks(const AttentionParams& p, const Works
   }
 }
 
+// The post-pass's block and its register cap: 256 threads, 8 blocks an SM
+// (32 registers, what the kernel needs without its rare path).
+// NOTES: without the cap the out-of-line fix (fix_dq_chunks, ~96 registers)
+// sets the kernel's register count and cuts its occupancy by 4; capped, the
+// fix spills instead, on the rare path only.
+constexpr int kPostThreads = 256, kPostBlocksPerSm = 8;
+
 template <typename T>
-__global__ void postpass_kernel(const __grid_constant__ AttentionParams p, const Workspace ws,
-                                const sm80::ListedBlocks blocks) {
+__global__ void __launch_bounds__(kPostThreads, kPostBlocksPerSm)
+    postpass_kernel(const __grid_constant__ AttentionParams p, const Workspace ws, const sm80::ListedBlocks blocks) {
   // One thread per 8 output elements (one 16-byte store).
   const int chunks = p.head_dim / 8;
   const int64_t items = p.total_q * p.heads_q * chunks;
@@ -201,7 +208,8 @@ template <typename T>
 fa_status run_postpass(const AttentionParams& p, const Workspace& ws, const sm80::ListedBlocks& blocks) {
   const int64_t items = p.total_q * p.heads_q * (p.head_dim / 8);
   if (items == 0) return FA_OK;
-  postpass_kernel<T><<<grid_for(items, 256), 256, 0, static_cast<cudaStream_t>(p.stream)>>>(p, ws, blocks);
+  postpass_kernel<T><<<grid_for(items, kPostThreads), kPostThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(
+      p, ws, blocks);
   return launched("backward post-pass launch");
 }
 

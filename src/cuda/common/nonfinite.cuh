@@ -129,10 +129,17 @@ struct LaneRow {
 
 // Whether any of the d values of a row (those of `chunks`) is Inf or NaN
 // (the whole warp answers).
+// NOTES: unrolled over the lane's columns like LaneRow: a loop from `lane` on
+// (a trip count per lane) before the vote made ptxas reshape the calling
+// kernels' K/V loops (the sm80 backward's: 100 more instructions).
 template <typename T>
 __device__ __forceinline__ bool row_nonfinite(const T* row, int d, int lane, uint32_t chunks = kAllChunks) {
   bool bad = false;
-  for (int c = lane; c < d; c += 32) bad |= ((chunks >> (c / 8)) & 1u) && !isfinite(to_float(row[c]));
+#pragma unroll
+  for (int r = 0; r < kLaneCols; ++r) {
+    const int c = lane + 32 * r;
+    if (c < d && ((chunks >> (c / 8)) & 1u)) bad |= !isfinite(to_float(row[c]));
+  }
   return __any_sync(0xffffffffu, bad);
 }
 
