@@ -4,10 +4,11 @@
 //   forward:  sm90 where can_run_forward(p) (a 9.0 device, shapes TMA can
 //             describe, FLASHATTN_DISABLE_SM90 unset), else sm80;
 //             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80; a block
-//             mask runs sm80 (the Hopper kernels have no block-sparse walk);
-//             with dropout it is refused by backend.cu's checks, before
-//             anything runs.
-//   backward: pre-pass, then the sm90 main kernel where can_run_backward(p),
+//             mask runs either (sm90/fwd/scheduler.cuh's ListedKeys); with
+//             dropout it is refused by backend.cu's checks, before anything
+//             runs.
+//   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
+//             (not with a block mask: sm80's walks the transposed lists),
 //             else sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).
@@ -73,7 +74,7 @@ fa_status forward(const AttentionParams& params) {
   CapturedVarlen varlen;
   FA_RETURN_IF_ERROR(varlen.prepare(&p));
   fa_status s = FA_ERROR_UNSUPPORTED;
-  if (!p.has_block_mask() && sm90::can_run_forward(p)) s = sm90::run_forward(p);
+  if (sm90::can_run_forward(p)) s = sm90::run_forward(p);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_forward(p);
   const fa_status freed = varlen.release();
   return s != FA_OK ? s : freed;

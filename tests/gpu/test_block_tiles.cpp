@@ -1,4 +1,4 @@
-// The sm80 kernels' tile lists of a block mask (cuda/sm80/block_tiles.h),
+// The sm80 kernels' tile lists of a block mask (cuda/common/block_tiles.h),
 // built on the host, against a pair-by-pair computation: for every list row
 // and every (query tile, key tile) of a launch, the tile is listed exactly
 // when one of its (row, key) pairs lies in a listed block, flagged full
@@ -14,15 +14,15 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "core/block_mask.h"
-#include "cuda/sm80/block_sparse.cuh"
-#include "cuda/sm80/block_tiles.h"
+#include "cuda/common/block_sparse.cuh"
+#include "cuda/common/block_tiles.h"
 
 namespace flashattn::testing {
 namespace {
 
-using cuda::sm80::BlockWalk;
-using cuda::sm80::HostTileLists;
-using cuda::sm80::kFullTile;
+using cuda::BlockWalk;
+using cuda::HostTileLists;
+using cuda::kFullTile;
 
 // listed[(row * q_blocks + qb) * k_blocks + kb] from the validated lists.
 std::vector<bool> listed_pairs(const BlockMaskView& m) {

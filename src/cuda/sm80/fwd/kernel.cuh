@@ -34,7 +34,7 @@
 
 #include "core/numeric.h"
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 #include "cuda/sm80/dropout.cuh"
 #include "cuda/sm80/fwd/epilogue.cuh"
 #include "cuda/sm80/fwd/key_walk.cuh"

@@ -31,14 +31,17 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh), chosen at launch.
-template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false, class Drop = NoDropout>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh), Walk: DenseKeys or
+// ListedKeys (a block mask; scheduler.cuh), chosen at launch.
+template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false, class Drop = NoDropout,
+          class Walk = DenseKeys>
 __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                    const __grid_constant__ CUtensorMap tma_k,
                    const __grid_constant__ CUtensorMap tma_v,
                    const __grid_constant__ CUtensorMap tma_o,
-                   const __grid_constant__ AttentionParams p, const FwdArgs a) {
+                   const __grid_constant__ AttentionParams p, const FwdArgs a,
+                   const __grid_constant__ typename Walk::Tiles blocks) {
 #if FLASHATTN_SM90_DEVICE
   using K = FwdTraits<Tune, C, N, kCache>;
   extern __shared__ uint8_t smem_raw[];
@@ -70,13 +73,13 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
 
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
-    if (threadIdx.x == 0) TmaProducer<K, T, kSplit>{&tma_q, &tma_k, &tma_v, p, a, sm}.run();
+    if (threadIdx.x == 0) TmaProducer<K, T, kSplit, Walk>{&tma_q, &tma_k, &tma_v, p, a, blocks, sm}.run();
   } else {
     setmaxnreg_inc<K::kConsumerRegs>();
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128;
     const Epilogue<K, T, kSplit> epi{&tma_o, p, a, sm.o_staging(cw), cw, tid, tid / 32, tid % 32};
-    Consumer<K, T, kSplit, Drop> consumer(p, a, sm, epi, cw, tid);
+    Consumer<K, T, kSplit, Drop, Walk> consumer(p, a, blocks, sm, epi, cw, tid);
     consumer.run();
   }
 #endif

@@ -1,4 +1,4 @@
-// A block mask (fa_block_mask) as the sm80 kernels read it: the mask's
+// A block mask (fa_block_mask) as the CUDA kernels read it (sm80 and Hopper): the mask's
 // listed (query block, key block) pairs restated on a kernel's own tile grid
 // (tile_m query rows x tile_n keys, unrelated to block_q x block_k), built on
 // the host per call (block_tiles.h) and copied to device memory.
@@ -25,7 +25,7 @@
 #include "attention/block_mask.h"
 #include "attention/host_device.h"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 
 // An entry of a TileList: the tile index, with this bit set when every pair of
 // the tile is listed.
@@ -132,4 +132,4 @@ struct ListedQueryTiles {
   }
 };
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda

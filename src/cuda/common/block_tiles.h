@@ -1,4 +1,4 @@
-// The host side of the sm80 kernels' block-sparse walk: a validated block
+// The host side of the CUDA kernels' block-sparse walk: a validated block
 // mask (p.block_mask, host lists) restated on one launch's tile grid
 // (block_sparse.cuh) and copied to device memory on p.stream.
 //
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 
 // Which lists a launch walks: the forward per query tile; the backward per
 // key tile (and per query tile for the deterministic dQ order).
@@ -66,4 +66,4 @@ class BlockTileBuffer {
   cudaStream_t stream_ = nullptr;
 };
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda

@@ -1,4 +1,4 @@
-#include "cuda/sm80/block_tiles.h"
+#include "cuda/common/block_tiles.h"
 
 #include <algorithm>
 #include <climits>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 namespace {
 
 // The per-element bit table (ListedBlocks) is built only when a visited tile
@@ -367,4 +367,4 @@ fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_
   return FA_OK;
 }
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda
