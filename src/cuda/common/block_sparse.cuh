@@ -70,12 +70,20 @@ struct ListedBlocks {
   }
 };
 
+// A persistent kernel's tile schedule (the Hopper forward's): step s of CTA c
+// takes tile tiles[s * grid + c] (bh * q_tiles + query tile), or none (-1).
+struct TileSchedule {
+  const int32_t* tiles = nullptr;
+  int steps = 0;  // steps of the longest CTA's walk
+};
+
 // What a kernel launch reads of the block mask (device memory; all null and
 // unread without one).
 struct BlockTiles {
   TileList key_tiles;    // per query tile, its visited key tiles (forward; deterministic backward)
   TileList query_tiles;  // per key tile, the query tiles that visit it (backward)
   ListedBlocks blocks;
+  TileSchedule schedule;  // built for a persistent launch only (BlockTileBuffer::build's grid)
 
   // The list row of (sequence b, query head h).
   FA_HOST_DEVICE static int64_t list_row(const BlockMaskView& m, int b, int h) {

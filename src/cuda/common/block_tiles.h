@@ -40,6 +40,17 @@ struct HostTileLists {
 // (FA_ERROR_UNSUPPORTED past 2^31 entries).
 fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, HostTileLists* out);
 
+// The schedule of `grid` persistent CTAs over the call's batch x heads_q x
+// q_tiles query tiles (TileSchedule's layout: [steps][grid], -1 past a CTA's
+// last tile), balancing each CTA's work: a query tile's listed key tiles plus
+// kScheduleTileCost, each CTA's tiles heaviest first.
+// kScheduleTileCost: a tile's Q load and epilogue, in key tiles (the Hopper
+// forward's traced tile boundary at d 128 took ~6.0k cycles against a 3.5k
+// key-tile period, docs/performance.md section 4).
+inline constexpr int64_t kScheduleTileCost = 2;
+std::vector<int32_t> tile_schedule(const AttentionParams& p, const HostTileLists& lists, int q_tiles, int grid,
+                                   int* steps);
+
 // FA_ERROR_UNSUPPORTED (naming both) for a block mask with dropout: the sm80
 // walks and the dropout policy compose in the kernels' code, but neither
 // kernel is instantiated with both (build time: the CPU backend runs them).
@@ -55,8 +66,9 @@ class BlockTileBuffer {
   ~BlockTileBuffer();
 
   // Builds and uploads the lists of p's block mask for tiles of tile_m query
-  // rows x tile_n keys; no-op without a block mask (view() stays null).
-  fa_status build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk);
+  // rows x tile_n keys; no-op without a block mask (view() stays null). With
+  // grid > 0 (kForward), also the tile schedule of `grid` persistent CTAs.
+  fa_status build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, int grid = 0);
   const BlockTiles& view() const { return view_; }
 
  private:

@@ -173,8 +173,9 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   BlockTileBuffer block_tiles;
   typename Walk::Tiles blocks{};
   if constexpr (Walk::kListed) {
-    FA_RETURN_IF_ERROR(block_tiles.build(p, K::kBlockM, K::kBlockN, BlockWalk::kForward));
+    FA_RETURN_IF_ERROR(block_tiles.build(p, K::kBlockM, K::kBlockN, BlockWalk::kForward, plan.grid));
     blocks = block_tiles.view();
+    a.num_steps = blocks.schedule.steps;  // (the schedule's, not the tile order's rounds)
   }
   const int grid = plan.grid;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);

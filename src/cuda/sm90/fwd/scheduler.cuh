@@ -101,15 +101,24 @@ struct ListedKeys {
   }
   __device__ __forceinline__ static int above(const Step& k) { return k.above; }
   __device__ __forceinline__ static bool has_above(const TileWork& w, const Step& k) { return k.above < w.n_end; }
+  // Step `step` of this CTA in the launch's schedule (TileSchedule, built
+  // longest first on the host): (sequence, query head) bh and query tile mb.
+  __device__ __forceinline__ static bool tile_at(const Tiles& tiles, int step, int& bh, int& mb) {
+    const int32_t t = tiles.schedule.tiles[step * gridDim.x + blockIdx.x];
+    if (t < 0) return false;
+    const int q_tiles = tiles.key_tiles.tiles;
+    bh = t / q_tiles;
+    mb = t - bh * q_tiles;
+    return true;
+  }
 };
 
-// kCache: the sequence's key count from p.seqused_k (the KV-cache route).
+// Query tile mb (none when < 0) of (sequence, query head) bh. kCache: the
+// sequence's key count from p.seqused_k (the KV-cache route).
 template <int kBlockM, int kBlockN, bool kCache, class Walk>
-__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const FwdArgs& a,
-                                              const typename Walk::Tiles& blocks, int t) {
+__device__ __forceinline__ TileWork tile_work_of(const AttentionParams& p, const typename Walk::Tiles& blocks,
+                                                 int bh, int mb) {
   TileWork w;
-  int bh, mb;
-  tile_of_rank(a.order, p.batch * p.heads_q, t, bh, mb);
   w.b = bh / p.heads_q;
   w.h = bh - w.b * p.heads_q;
   w.seq = sequence_info(p, w.b);
@@ -127,9 +136,19 @@ __device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const Fw
   return w;
 }
 
+// Rank t of the tile order.
+template <int kBlockM, int kBlockN, bool kCache, class Walk>
+__device__ __forceinline__ TileWork tile_work(const AttentionParams& p, const FwdArgs& a,
+                                              const typename Walk::Tiles& blocks, int t) {
+  int bh, mb;
+  tile_of_rank(a.order, p.batch * p.heads_q, t, bh, mb);
+  return tile_work_of<kBlockM, kBlockN, kCache, Walk>(p, blocks, bh, mb);
+}
+
 // Step `step` of this CTA's walk: in the main kernel round `step` of whole
-// tiles; in the split-tail kernel (kSplit) its segment `step` of the tail, a
-// key range of a tail tile (seg). false: no tile at this step.
+// tiles (ListedKeys: step `step` of its schedule); in the split-tail kernel
+// (kSplit) its segment `step` of the tail, a key range of a tail tile (seg).
+// false: no tile at this step.
 template <int kBlockM, int kBlockN, bool kSplit, bool kCache, class Walk = DenseKeys>
 __device__ __forceinline__ bool work_at(const AttentionParams& p, const FwdArgs& a,
                                         const typename Walk::Tiles& blocks, int step, TileWork& w,
@@ -140,6 +159,11 @@ __device__ __forceinline__ bool work_at(const AttentionParams& p, const FwdArgs&
     w = tile_work<kBlockM, kBlockN, kCache, Walk>(p, a, blocks, a.tail.first_rank + seg.tile);
     w.n_end = min(w.n_end, w.n_begin + seg.key_hi);
     w.n_begin += seg.key_lo;
+    return true;
+  } else if constexpr (Walk::kListed) {
+    int bh, mb;
+    if (!Walk::tile_at(blocks, step, bh, mb)) return false;
+    w = tile_work_of<kBlockM, kBlockN, kCache, Walk>(p, blocks, bh, mb);
     return true;
   } else {
     const int t = rank_of(a.order, step, gridDim.x, blockIdx.x);
