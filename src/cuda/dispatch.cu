@@ -8,8 +8,9 @@
 //             dropout it is refused by backend.cu's checks, before anything
 //             runs.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
-//             (not with a block mask: sm80's walks the transposed lists),
-//             else sm80's, then the post-pass, all on p.stream.
+//             (a block mask: fixed lengths, not deterministic, every listed
+//             tile whole on its tiles; FA_ERROR_UNSUPPORTED before any launch
+//             otherwise), else sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).
 #include <cuda_bf16.h>
@@ -43,7 +44,7 @@ fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
   FA_RETURN_IF_ERROR(bwd::run_sink_grad(p, ws));
   fa_status s = FA_ERROR_UNSUPPORTED;
-  if (!p.has_block_mask() && sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
+  if (sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_backward_main(p, ws);
   FA_RETURN_IF_ERROR(s);
   return bwd::run_postpass<T>(p, ws);

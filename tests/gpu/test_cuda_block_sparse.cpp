@@ -1,6 +1,8 @@
 // Block-sparse masks (fa_block_mask) on the CUDA backend: the forward on the
 // Hopper kernel where the device has one (sm90/fwd/scheduler.cuh, ListedKeys)
-// and on the sm80 kernel (FLASHATTN_DISABLE_SM90), the backward on sm80's:
+// and on the sm80 kernel (FLASHATTN_DISABLE_SM90); the backward on the Hopper
+// kernel where every listed tile is whole on its tiles (fixed lengths, not
+// deterministic: sm90/bwd/scheduler.cuh, ListedQueryWalk), else on sm80's:
 // block_sparse_suite (densities 0, 0.1, 0.5, 1; blocks of 128 x 128 and sizes
 // dividing no length; causal, window + softcap, GQA with shared lists, ALiBi +
 // sinks, varlen with empty sequences, sizes 1 / 7 / 113 / 203, every head dim)
@@ -90,6 +92,8 @@ INSTANTIATE_TEST_SUITE_P(Suite, CudaBlockSparse, ::testing::ValuesIn(cuda_block_
 // (256 x 160), so listed tiles are full, partial or skipped, query tiles may
 // list no key tile at all (density 0.1), and a CTA's next tile starts inside
 // the last turn of the one before; causal, GQA with per-head lists, fp16.
+// The backward of the 128 x 128 cases runs the Hopper kernel (its tiles are
+// 64-128 queries x 64-128 keys), the others the sm80 one.
 std::vector<Case> hopper_walk_cases() {
   std::vector<Case> cases;
   uint64_t seed = 6600;
@@ -120,6 +124,14 @@ class CudaBlockSparseWalk : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaBlockSparseWalk, ForwardMatchesFloat64Reference) {
   FA_REQUIRE_GPU();
   expect_cuda_forward_matches(GetParam());
+}
+
+TEST_P(CudaBlockSparseWalk, BackwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const Problem p = make_problem(GetParam());
+  VariantRun r;
+  ASSERT_TRUE(run_cuda(p, true, r));
+  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hopper, CudaBlockSparseWalk, ::testing::ValuesIn(hopper_walk_cases()),

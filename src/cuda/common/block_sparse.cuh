@@ -70,6 +70,12 @@ struct ListedBlocks {
   }
 };
 
+// A step of the Hopper backward's walk (BlockTiles::steps): query tile
+// (entry & kStepTileMask) of query head entry >> kStepHeadShift (below
+// kFullTile's bit: heads_q < 2^10, query tiles < 2^20).
+inline constexpr int kStepHeadShift = 20;
+inline constexpr int32_t kStepTileMask = (int32_t{1} << kStepHeadShift) - 1;
+
 // A persistent kernel's tile schedule (the Hopper forward's): step s of CTA c
 // takes tile tiles[s * grid + c] (bh * q_tiles + query tile), or none (-1).
 struct TileSchedule {
@@ -84,6 +90,7 @@ struct BlockTiles {
   TileList query_tiles;  // per key tile, the query tiles that visit it (backward)
   ListedBlocks blocks;
   TileSchedule schedule;  // built for a persistent launch only (BlockTileBuffer::build's grid)
+  TileList steps;         // kGroupSteps: per (sequence, kv head, key tile) its (query head, query tile) steps
 
   // The list row of (sequence b, query head h).
   FA_HOST_DEVICE static int64_t list_row(const BlockMaskView& m, int b, int h) {

@@ -42,10 +42,19 @@ cudaError_t launch_split_tail(const CUtensorMap& mq, const CUtensorMap& mk, cons
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, kernel, mq, mk, mv, mo, p, a, DenseKeys::Tiles{});
+  err = cudaLaunchKernelEx(&config, kernel, mq, mk, mv, mo, p, a);
   if (err == cudaSuccess) return cudaSuccess;
   cudaGetLastError();
-  kernel<<<grid, K::kThreads, K::kSmemBytes, config.stream>>>(mq, mk, mv, mo, p, a, DenseKeys::Tiles{});
+  kernel<<<grid, K::kThreads, K::kSmemBytes, config.stream>>>(mq, mk, mv, mo, p, a);
+  return cudaGetLastError();
+}
+
+// One launch of a main (not split-tail) kernel of shape K.
+template <class K, typename Kernel, typename... Args>
+cudaError_t launch_main(Kernel kernel, int grid, cudaStream_t stream, const Args&... args) {
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -171,11 +180,9 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   // A block mask's lists on this kernel's tiles, on the device until the
   // launch has read them (freed stream-ordered, block_tiles.h).
   BlockTileBuffer block_tiles;
-  typename Walk::Tiles blocks{};
   if constexpr (Walk::kListed) {
     FA_RETURN_IF_ERROR(block_tiles.build(p, K::kBlockM, K::kBlockN, BlockWalk::kForward, plan.grid));
-    blocks = block_tiles.view();
-    a.num_steps = blocks.schedule.steps;  // (the schedule's, not the tile order's rounds)
+    a.num_steps = block_tiles.view().schedule.steps;  // (the schedule's, not the tile order's rounds)
   }
   const int grid = plan.grid;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
@@ -195,15 +202,17 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
     }
   }
 
-  // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
-  auto kernel = forward_kernel<Tune, T, C, N, false, false, Drop, Walk>;
-  if constexpr (!Drop::kOn && !Walk::kListed) {
-    if (p.seqused_k != nullptr) kernel = forward_kernel<Tune, T, C, N, false, true>;
-  }
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
-  if (err == cudaSuccess) {
-    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mk, mv, mo, p, a, blocks);
-    err = cudaGetLastError();
+  cudaError_t err = cudaSuccess;
+  if constexpr (Walk::kListed) {
+    err = launch_main<K>(block_sparse_forward_kernel<Tune, T, C, N>, grid, stream, mq, mk, mv, mo, p, a,
+                         block_tiles.view());
+  } else {
+    // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
+    auto kernel = forward_kernel<Tune, T, C, N, false, false, Drop>;
+    if constexpr (!Drop::kOn) {
+      if (p.seqused_k != nullptr) kernel = forward_kernel<Tune, T, C, N, false, true>;
+    }
+    err = launch_main<K>(kernel, grid, stream, mq, mk, mv, mo, p, a);
   }
   if constexpr (Tune::kSplitTail && N == Tune::kLongBlockN) {
     if (err == cudaSuccess && a.tail.tiles > 0) err = launch_split_tail<Tune, T, C, N, Drop>(mq, mk, mv, mo, p, a, grid);

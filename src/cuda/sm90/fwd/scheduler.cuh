@@ -19,7 +19,7 @@ struct TileWork {
   SequenceInfo seq;
   int b, h, m0;
   int n_begin, n_end;  // K/V tile range [n_begin, n_end), walked from n_end - 1 down
-  int e_first, e_last; // ListedKeys: the tile's entries [e_first, e_last) of the key-tile list
+  int e_first, e_last; // ListedKeys (set by its narrow()): the tile's entries [e_first, e_last) of the list
   bool valid;          // a query tile (mb >= 0) with m0 < seqlen_q of this sequence
 };
 
@@ -126,7 +126,6 @@ __device__ __forceinline__ TileWork tile_work_of(const AttentionParams& p, const
   w.m0 = mb * kBlockM;
   w.valid = mb >= 0 && w.m0 < w.seq.seqlen_q;
   w.n_begin = w.n_end = 0;
-  w.e_first = w.e_last = 0;
   if (w.valid) {
     const KeyTileRange tiles = mask_for(p, w.seq).key_tiles(w.m0, min(w.m0 + kBlockM, w.seq.seqlen_q), kBlockN);
     w.n_begin = tiles.begin;
