@@ -1,6 +1,9 @@
 // The split-KV heuristic (src/cuda/decode/split.h): host arithmetic, tested on the CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cuda/decode/split.h"
 
 namespace flashattn::cuda::decode {
@@ -61,6 +64,23 @@ TEST(DecodeSplits, EverySplitGetsTiles) {
   }
   EXPECT_TRUE(splits_are_tight(32, 64));
   EXPECT_FALSE(splits_are_tight(31, 64));
+}
+
+TEST(DecodeSplits, TilesPerSplitIsTheLongestSplitsShare) {
+  EXPECT_EQ(tiles_per_split(16384, kKeys, 32), 8);   // batch 1 x 16k: 256 tiles over 32 splits
+  EXPECT_EQ(tiles_per_split(4097, kKeys, 1), 65);    // one key past 64 tiles
+  EXPECT_EQ(tiles_per_split(4097, kKeys, 40), 2);    // 65 tiles: 40 splits get ceil(65 / 40)
+  EXPECT_EQ(tiles_per_split(1, kKeys, 1), 1);
+  EXPECT_EQ(tiles_per_split(0, kKeys, 1), 1);        // an empty cache still has its one (empty) tile
+  // The kernel's own split of the tiles (tile_work) never gives a split more.
+  for (int keys : {1, 63, 64, 65, 4097, 16384, 262144}) {
+    const int tiles = (keys + kKeys - 1) / kKeys;
+    for (int s = 1; s <= kMaxSplits; ++s) {
+      const int per = tiles_per_split(keys, kKeys, s);
+      EXPECT_GE(int64_t{per} * s, tiles) << keys << " " << s;
+      EXPECT_LT(int64_t{per - 1} * s, std::max(tiles, 1)) << keys << " " << s;
+    }
+  }
 }
 
 TEST(DecodeSplits, MoreSmsNeverMeanFewerSplits) {

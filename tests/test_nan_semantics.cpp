@@ -36,8 +36,7 @@ class CpuNanSemantics : public ::testing::TestWithParam<NanCase> {};
 
 TEST_P(CpuNanSemantics, ForwardAndBackwardMatchReference) {
   const NanCase& nc = GetParam();
-  Problem p = make_problem(nc.c);
-  plant(p, nc.plants);
+  Problem p = make_nan_problem(nc);
   const CpuRun r = run_cpu(p);
   expect_forward_semantics(p, r.out, r.lse);
   expect_backward_semantics(p, r.dq, r.dk, r.dv);

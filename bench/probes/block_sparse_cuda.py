@@ -1,6 +1,8 @@
-"""CUDA: block-sparse forward and forward + backward (the sm80 kernels, which run every
-block mask) against the dense sm80 call and against FlexAttention
-(torch.compile(flex_attention)) with the same BlockMask, in one process.
+"""CUDA: block-sparse forward and forward + backward (on an H100 the Hopper forward and the
+sm80 backward; FLASHATTN_DISABLE_SM90=1 for sm80 alone) against the dense call on the same
+path (Hopper forward and backward on an H100) and against FlexAttention
+(torch.compile(flex_attention)) with the same BlockMask, in one process. The dense sm80
+call is printed beside it.
 
     FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python \\
         python3 bench/probes/block_sparse_cuda.py [--seqlen 8192] [--heads 16] [--dim 128]
@@ -126,22 +128,25 @@ def main():
     causal = flex.create_block_mask(lambda b, hh, i, j: i >= j, None, None, n, n, device="cuda", BLOCK_SIZE=BLOCK)
     masks.append(("causal", True, causal))
 
-    os.environ["FLASHATTN_DISABLE_SM90"] = "1"  # the dense sm80 kernel
-    dense_f, dense_fb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c), (q, k, v), dout,
-                                   args.warmup, args.repeats)
-    with torch.no_grad():
-        dense_host = host_ms(lambda: flashattn.flash_attn_func(q, k, v), args.repeats)
-    dense_cf, dense_cfb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=True), (q, k, v),
-                                     dout, args.warmup, args.repeats)
-    del os.environ["FLASHATTN_DISABLE_SM90"]
     all_pairs = h * n * n
     tf = lambda pairs, ms, factor: factor * 4 * pairs * d / ms / 1e9  # noqa: E731
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, batch 1, {h} heads, seqlen {n}, d {d}, "
           f"blocks {BLOCK}x{BLOCK}; {args.repeats} calls back to back")
-    print(f"dense sm80: fwd {dense_f:.3f} ms ({tf(all_pairs, dense_f, 1):.0f} TFLOP/s), "
-          f"bwd {dense_fb - dense_f:.3f} ms ({tf(all_pairs, dense_fb - dense_f, 2.5):.0f} TFLOP/s), "
-          f"host {dense_host:.3f} ms per fwd call")
-    print(f"dense sm80 causal: fwd {dense_cf:.3f} ms, bwd {dense_cfb - dense_cf:.3f} ms")
+    sm80_only = os.environ.get("FLASHATTN_DISABLE_SM90", "") not in ("", "0")
+    for label in (["sm80"] if sm80_only else ["default path", "sm80"]):
+        os.environ["FLASHATTN_DISABLE_SM90"] = "1" if label == "sm80" else "0"
+        f, fb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c), (q, k, v), dout,
+                           args.warmup, args.repeats)
+        with torch.no_grad():
+            host = host_ms(lambda: flashattn.flash_attn_func(q, k, v), args.repeats)
+        cf, cfb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=True), (q, k, v),
+                             dout, args.warmup, args.repeats)
+        print(f"dense {label}: fwd {f:.3f} ms ({tf(all_pairs, f, 1):.0f} TFLOP/s), "
+              f"bwd {fb - f:.3f} ms ({tf(all_pairs, fb - f, 2.5):.0f} TFLOP/s), host {host:.3f} ms per fwd call; "
+              f"causal: fwd {cf:.3f} ms, bwd {cfb - cf:.3f} ms")
+        if label == "default path" or sm80_only:
+            dense_f, dense_fb = f, fb  # the ratios' dense call
+    os.environ["FLASHATTN_DISABLE_SM90"] = "1" if sm80_only else "0"
     print("mask | visited | flashattn fwd ms (TFLOP/s, vs dense) | bwd ms (TFLOP/s, vs dense) | "
           "flex fwd ms | flex bwd ms | speedup fwd / bwd | flashattn host ms per fwd call")
     for name, is_causal, bm in masks:

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/head_dims.h"
-#include "cuda/sm80/block_tiles.h"
+#include "cuda/common/block_tiles.h"
 
 namespace flashattn::cuda {
 namespace {
@@ -109,7 +109,7 @@ fa_status check_common(const AttentionParams& p) {
 fa_status check_extras(const AttentionParams& p) {
   // A block mask with dropout: refused here, before the backward's workspace
   // or any pass (the sm80 launches refuse it again for direct callers).
-  FA_RETURN_IF_ERROR(sm80::refuse_block_mask_dropout(p));
+  FA_RETURN_IF_ERROR(refuse_block_mask_dropout(p));
   FA_RETURN_IF_ERROR(check_device_pointer(p.alibi_slopes, "alibi_slopes", p.device_index, sizeof(float)));
   FA_RETURN_IF_ERROR(check_device_pointer(p.sinks, "sinks", p.device_index, sizeof(float)));
   return check_device_pointer(p.dsinks, "dsinks", p.device_index, sizeof(float));

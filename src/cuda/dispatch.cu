@@ -4,11 +4,13 @@
 //   forward:  sm90 where can_run_forward(p) (a 9.0 device, shapes TMA can
 //             describe, FLASHATTN_DISABLE_SM90 unset), else sm80;
 //             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80; a block
-//             mask runs sm80 (the Hopper kernels have no block-sparse walk);
-//             with dropout it is refused by backend.cu's checks, before
-//             anything runs.
-//   backward: pre-pass, then the sm90 main kernel where can_run_backward(p),
-//             else sm80's, then the post-pass, all on p.stream.
+//             mask runs either (sm90/fwd/scheduler.cuh's ListedKeys); with
+//             dropout it is refused by backend.cu's checks, before anything
+//             runs.
+//   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
+//             (a block mask: fixed lengths, not deterministic, every listed
+//             tile whole on its tiles; FA_ERROR_UNSUPPORTED before any launch
+//             otherwise), else sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).
 #include <cuda_bf16.h>
@@ -20,12 +22,12 @@
 #include "core/backends.h"
 #include "core/error.h"
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/block_tiles.h"
 #include "cuda/common/captured_varlen.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/dispatch.h"
 #include "cuda/head_dims.h"
 #include "cuda/sm80/api.h"
-#include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm90/bwd/api.h"
 #include "cuda/sm90/fwd/api.h"
@@ -38,8 +40,9 @@ fa_status device_error(cudaError_t err, const char* what) {
   return fail(FA_ERROR_DEVICE, std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-// The tile shape of the block-mask copy the dq post-pass reads (only its
-// per-block bits are read, the same for any shape).
+// The tile shape of the block-mask copy the dq post-pass reads (any shape
+// lists the same pairs; whole tiles of FlexAttention's 128 x 128 blocks need
+// no bit table).
 constexpr int kFixupTile = 128;
 
 template <typename T>
@@ -47,14 +50,15 @@ fa_status run_backward_passes(const AttentionParams& p, const bwd::Workspace& ws
   FA_RETURN_IF_ERROR(bwd::run_prepass<T>(p, ws));
   FA_RETURN_IF_ERROR(bwd::run_sink_grad(p, ws));
   fa_status s = FA_ERROR_UNSUPPORTED;
-  if (!p.has_block_mask() && sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
+  if (sm90::can_run_backward(p)) s = sm90::run_backward(p, ws);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_backward_main(p, ws);
   FA_RETURN_IF_ERROR(s);
   // The post-pass's recompute of non-finite dq rows tests pairs against the
-  // block mask's bits (any tile shape has the same bits; none without one).
-  sm80::BlockTileBuffer blocks;
-  FA_RETURN_IF_ERROR(blocks.build(p, kFixupTile, kFixupTile, sm80::BlockWalk::kForward));
-  return bwd::run_postpass<T>(p, ws, blocks.view().blocks);
+  // block mask's lists (none without one).
+  BlockTileBuffer blocks;
+  FA_RETURN_IF_ERROR(blocks.build(p, kFixupTile, kFixupTile, BlockWalk::kForward));
+  const BlockTiles view = blocks.view();
+  return bwd::run_postpass<T>(p, ws, ListedPairs{view.key_tiles, view.blocks, kFixupTile, kFixupTile});
 }
 
 }  // namespace
@@ -82,7 +86,7 @@ fa_status forward(const AttentionParams& params) {
   CapturedVarlen varlen;
   FA_RETURN_IF_ERROR(varlen.prepare(&p));
   fa_status s = FA_ERROR_UNSUPPORTED;
-  if (!p.has_block_mask() && sm90::can_run_forward(p)) s = sm90::run_forward(p);
+  if (sm90::can_run_forward(p)) s = sm90::run_forward(p);
   if (s == FA_ERROR_UNSUPPORTED) s = sm80::run_forward(p);
   const fa_status freed = varlen.release();
   return s != FA_OK ? s : freed;

@@ -31,6 +31,9 @@ struct NanCase {
   Case c;
   std::vector<Plant> plants;
   bool deterministic = false;  // the backward's deterministic mode (fa_options)
+  // c's block mask by explicit classes (BlockClasses::cls, lists per sequence
+  // and query head) instead of Case::block_density's random ones.
+  std::vector<uint8_t> block_classes;
 };
 
 // gtest prints a case by its name rather than its bytes.
@@ -44,6 +47,18 @@ inline void plant(Problem& p, const std::vector<Plant>& plants) {
                                                : &p.dout;
     write_row_element(*t, x.row, x.head, x.col, x.value);
   }
+}
+
+// The case's problem: its explicit block classes, if any, then its plants.
+inline Problem make_nan_problem(const NanCase& nc) {
+  Problem p = make_problem(nc.c);
+  if (!nc.block_classes.empty()) {
+    BlockClasses bc(nc.c.block_q, nc.c.block_k, nc.c.batch, nc.c.heads_q, nc.c.seqlen_q, nc.c.seqlen_k);
+    bc.cls = nc.block_classes;
+    set_block_mask(p, bc);
+  }
+  plant(p, nc.plants);
+  return p;
 }
 
 inline std::vector<NanCase> nan_semantics_cases(fa_dtype dtype, int head_dim) {

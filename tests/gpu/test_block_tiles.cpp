@@ -1,11 +1,15 @@
-// The sm80 kernels' tile lists of a block mask (cuda/sm80/block_tiles.h),
+// The CUDA kernels' tile lists of a block mask (cuda/common/block_tiles.h),
 // built on the host, against a pair-by-pair computation: for every list row
 // and every (query tile, key tile) of a launch, the tile is listed exactly
 // when one of its (row, key) pairs lies in a listed block, flagged full
 // exactly when all of them do, and the backward's transpose holds the same
-// pairs. Host code only: runs without a GPU (in any CUDA build).
+// pairs; the Hopper forward's tile schedule. Host code only: runs without a
+// GPU (in any CUDA build).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -14,15 +18,15 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "core/block_mask.h"
-#include "cuda/sm80/block_sparse.cuh"
-#include "cuda/sm80/block_tiles.h"
+#include "cuda/common/block_sparse.cuh"
+#include "cuda/common/block_tiles.h"
 
 namespace flashattn::testing {
 namespace {
 
-using cuda::sm80::BlockWalk;
-using cuda::sm80::HostTileLists;
-using cuda::sm80::kFullTile;
+using cuda::BlockWalk;
+using cuda::HostTileLists;
+using cuda::kFullTile;
 
 // listed[(row * q_blocks + qb) * k_blocks + kb] from the validated lists.
 std::vector<bool> listed_pairs(const BlockMaskView& m) {
@@ -114,6 +118,67 @@ TEST(BlockTiles, MatchPairByPairVisibility) {
           expect_lists(p, tm, tn);
         }
       }
+    }
+  }
+}
+
+// The Hopper forward's schedule (tile_schedule): every query tile of the
+// call exactly once, each CTA's steps contiguous from step 0 and heaviest
+// first, and the CTAs' work balanced as longest-processing-time-first
+// guarantees: the most loaded CTA holds at most the least loaded one's work
+// plus one tile's.
+TEST(BlockTiles, ScheduleTakesEveryTileOnceBalanced) {
+  uint64_t seed = 7500;
+  for (const int grid : {1, 7, 132}) {
+    for (const double density : {0.1, 0.5}) {
+      Case c = make_case(FA_BF16, 1000, 1500, 64, seed++);
+      c.batch = 2;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.block_q = 128;
+      c.block_k = 96;
+      c.block_density = density;
+      const Problem problem = make_problem(c);
+      AttentionParams p = problem.host_params();
+      (void)problem.extras();
+      ASSERT_EQ(apply_block_mask(&problem.block_mask, &p), FA_OK) << fa_last_error();
+      const int tile_m = 128, q_tiles = (p.seqlen_q + tile_m - 1) / tile_m;
+      HostTileLists lists;
+      ASSERT_EQ(build_tile_lists(p, tile_m, 128, BlockWalk::kForward, &lists), FA_OK) << fa_last_error();
+      int steps = 0;
+      const std::vector<int32_t> schedule = cuda::tile_schedule(p, lists, q_tiles, grid, &steps);
+      SCOPED_TRACE(c.name() + " grid " + std::to_string(grid));
+      ASSERT_EQ(schedule.size(), static_cast<size_t>(steps) * grid);
+      const int tiles = p.batch * p.heads_q * q_tiles;
+      const auto cost = [&](int32_t t) {
+        const int bh = t / q_tiles, b = bh / p.heads_q, h = bh % p.heads_q;
+        const int64_t r = cuda::BlockTiles::list_row(p.block_mask, b, h) * q_tiles + t % q_tiles;
+        return lists.key_start[r + 1] - lists.key_start[r] + cuda::kScheduleTileCost;
+      };
+      std::vector<int> seen(static_cast<size_t>(tiles), 0);
+      std::vector<int64_t> load(static_cast<size_t>(grid), 0);
+      int64_t heaviest = 0;
+      for (int cta = 0; cta < grid; ++cta) {
+        bool ended = false;
+        int64_t last = INT64_MAX;
+        for (int s = 0; s < steps; ++s) {
+          const int32_t t = schedule[static_cast<size_t>(s) * grid + cta];
+          if (t < 0) {
+            ended = true;
+            continue;
+          }
+          ASSERT_FALSE(ended) << "a tile after the end of CTA " << cta << "'s walk";
+          ASSERT_LT(t, tiles);
+          ++seen[t];
+          EXPECT_LE(cost(t), last) << "CTA " << cta << " step " << s;
+          last = cost(t);
+          load[cta] += cost(t);
+          heaviest = std::max(heaviest, cost(t));
+        }
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), tiles) << "every tile exactly once";
+      const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+      if (tiles >= grid) EXPECT_LE(*hi, *lo + heaviest);
     }
   }
 }

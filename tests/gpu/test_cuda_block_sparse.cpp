@@ -1,9 +1,15 @@
-// Block-sparse masks (fa_block_mask) on the CUDA backend, which runs them on
-// the sm80 kernels (the Hopper ones decline them, dispatch.cu):
+// Block-sparse masks (fa_block_mask) on the CUDA backend: the forward on the
+// Hopper kernel where the device has one (sm90/fwd/scheduler.cuh, ListedKeys)
+// and on the sm80 kernel (FLASHATTN_DISABLE_SM90); the backward on the Hopper
+// kernel where every listed tile is whole on its tiles (fixed lengths, not
+// deterministic: sm90/bwd/scheduler.cuh, ListedQueryWalk), else on sm80's:
 // block_sparse_suite (densities 0, 0.1, 0.5, 1; blocks of 128 x 128 and sizes
 // dividing no length; causal, window + softcap, GQA with shared lists, ALiBi +
 // sinks, varlen with empty sequences, sizes 1 / 7 / 113 / 203, every head dim)
-// against the float64 reference, forward and backward; density 1 and
+// against the float64 reference, forward (both kernels) and backward; shapes
+// of several query and key tiles on the Hopper forward (tiles listed whole,
+// in part and not at all); the Hopper forward at density 1 bitwise equal to
+// its dense call; density 1 and
 // create_block_mask's causal / sliding-window masks bitwise equal to the
 // dense sm80 call; the deterministic backward bitwise stable; NaN in key tiles
 // no listed block reaches reaching nothing (they are never read); lists in
@@ -41,14 +47,19 @@ std::vector<Case> cuda_block_sparse_suite() {
   return cases;
 }
 
+// One CUDA forward of c against the float64 reference.
+void expect_cuda_forward_matches(const Case& c) {
+  const Problem p = make_problem(c);
+  VariantRun r;
+  ASSERT_TRUE(run_cuda(p, false, r));
+  expect_forward_matches(p, r.out, r.lse);
+}
+
 class CudaBlockSparse : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaBlockSparse, ForwardMatchesFloat64Reference) {
   FA_REQUIRE_GPU();
-  const Problem p = make_problem(GetParam());
-  VariantRun r;
-  ASSERT_TRUE(run_cuda(p, false, r));
-  expect_forward_matches(p, r.out, r.lse);
+  expect_cuda_forward_matches(GetParam());
 }
 
 TEST_P(CudaBlockSparse, BackwardMatchesFloat64Reference) {
@@ -59,15 +70,97 @@ TEST_P(CudaBlockSparse, BackwardMatchesFloat64Reference) {
   expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
 }
 
-INSTANTIATE_TEST_SUITE_P(Suite, CudaBlockSparse, ::testing::ValuesIn(cuda_block_sparse_suite()),
-                         [](const auto& info) { return info.param.name(); });
-
-// The dense comparison runs the sm80 kernels too (FLASHATTN_DISABLE_SM90,
-// read on every call), in deterministic mode so that dQ adds in a fixed order.
+// FLASHATTN_DISABLE_SM90 (read on every call): the sm80 kernels run.
 struct Sm80Only {
   Sm80Only() { setenv("FLASHATTN_DISABLE_SM90", "1", 1); }
   ~Sm80Only() { unsetenv("FLASHATTN_DISABLE_SM90"); }
 };
+
+// The sm80 forward's walk, on a device whose forward is the Hopper kernel's.
+TEST_P(CudaBlockSparse, Sm80ForwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const Sm80Only sm80;
+  expect_cuda_forward_matches(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Suite, CudaBlockSparse, ::testing::ValuesIn(cuda_block_sparse_suite()),
+                         [](const auto& info) { return info.param.name(); });
+
+// Shapes of several 128-row query tiles and key tiles (the Hopper forward's
+// tiles: 128 keys at d 64 / 128, 112 at d 192, 80 at d 256): blocks of one
+// tile (128 x 128), of tiles cut in part (64 x 96) and of several tiles
+// (256 x 160), so listed tiles are full, partial or skipped, query tiles may
+// list no key tile at all (density 0.1), and a CTA's next tile starts inside
+// the last turn of the one before; causal, GQA with per-head lists, fp16.
+// The backward of the 128 x 128 cases runs the Hopper kernel (its tiles are
+// 64-128 queries x 64-128 keys), the others the sm80 one.
+std::vector<Case> hopper_walk_cases() {
+  std::vector<Case> cases;
+  uint64_t seed = 6600;
+  for (const int d : {64, 128, 192, 256}) {
+    for (const double density : {0.1, 0.5}) {
+      for (const auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {64, 96}, {256, 160}}) {
+        Case c = make_case(FA_BF16, 1023, 1400, d, seed++);
+        c.block_q = bq;
+        c.block_k = bk;
+        c.block_density = density;
+        cases.push_back(c);
+      }
+    }
+    Case c = make_case(FA_F16, 1023, 1023, d, seed++);
+    c.causal = true;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.block_q = 128;
+    c.block_k = 128;
+    c.block_density = 0.5;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class CudaBlockSparseWalk : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaBlockSparseWalk, ForwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  expect_cuda_forward_matches(GetParam());
+}
+
+TEST_P(CudaBlockSparseWalk, BackwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const Problem p = make_problem(GetParam());
+  VariantRun r;
+  ASSERT_TRUE(run_cuda(p, true, r));
+  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Hopper, CudaBlockSparseWalk, ::testing::ValuesIn(hopper_walk_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// Every block listed: the Hopper forward walks every key tile of the dense
+// call, each full, on the instantiation the dense call takes (two consumers,
+// the short key tile: d 128 below 8k keys, d 256, d 64 causal), so the same
+// bits come out. (A fallback to the sm80 kernel would not give them.)
+TEST(CudaBlockSparseBitwise, HopperForwardAtDensityOneIsDense) {
+  FA_REQUIRE_GPU();
+  for (const int d : {64, 128, 256}) {
+    Case c = make_case(FA_BF16, 1000, 1300, d, 6700 + d);
+    c.causal = d == 64;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.block_q = 128;
+    c.block_k = 96;
+    c.block_density = 1.0;
+    SCOPED_TRACE(c.name());
+    Problem p = make_problem(c);
+    VariantRun sparse, dense;
+    ASSERT_TRUE(run_cuda(p, false, sparse));
+    p.use_block_mask = false;
+    ASSERT_TRUE(run_cuda(p, false, dense));
+    expect_same_bytes(sparse.out, dense.out, "out");
+    expect_same_bytes(sparse.lse, dense.lse, "lse");
+  }
+}
 
 // p with its block mask and without one, both deterministic on sm80: the same bits.
 void expect_block_mask_is_dense(Problem p) {
@@ -154,23 +247,26 @@ void poison_unlisted_keys(const Problem& p, const std::vector<bool>& listed, Dev
   }
 }
 
-// Blocks of 128 keys (a multiple of every kernel tile): key blocks nobody
-// lists lie in tiles the kernels never load, so NaN there changes no bit.
+// Blocks of 128 keys (a multiple of every sm80 tile and of the Hopper
+// forward's at d 64 / 128) or 320 at d 256 (the Hopper forward's key tile is
+// 80 there, the sm80 backward's 64): key blocks nobody lists lie in tiles the
+// kernels never load, so NaN there changes no bit.
 TEST(CudaBlockSparseSkipping, UnlistedKeyTilesAreNeverRead) {
   FA_REQUIRE_GPU();
   for (int d : {64, 128, 256}) {
-    Case c = make_case(FA_BF16, 300, 700, d, 6200 + d);
+    Case c = make_case(FA_BF16, 300, d == 256 ? 1340 : 700, d, 6200 + d);
     c.block_q = 128;
-    c.block_k = 128;
+    c.block_k = d == 256 ? 320 : 128;
     c.block_density = 1.0;
     c.block_shared = true;
     Problem p = make_problem(c);
-    BlockClasses bc(128, 128, 1, 1, c.seqlen_q, c.seqlen_k);
+    BlockClasses bc(c.block_q, c.block_k, 1, 1, c.seqlen_q, c.seqlen_k);
     std::vector<bool> listed(static_cast<size_t>(bc.k_blocks), false);
+    const int last = bc.k_blocks - 1;
     for (int qb = 0; qb < bc.q_blocks; ++qb) {
       for (int kb = 0; kb < bc.k_blocks; ++kb) {
-        // Key blocks 1 and 5 (the last, 60 keys) listed by no query block.
-        const bool on = kb != 1 && kb != 5 && (kb % 2 == qb % 2 || kb == 3);
+        // Key blocks 1 and the last (60 keys) listed by no query block.
+        const bool on = kb != 1 && kb != last && (kb % 2 == qb % 2 || kb == 3);
         bc.at(0, 0, qb, kb) = on ? 1 + kb % 2 : 0;
       }
     }

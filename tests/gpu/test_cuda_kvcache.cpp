@@ -125,6 +125,13 @@ std::vector<KvCase> gpu_suite() {
   }
   cases.push_back({.heads_q = 4, .heads_kv = 2, .head_dim = 256, .cached = {500, 96}, .seqlen_new = 1,
                    .page_size = 96, .seed = 500});
+  // Contiguous caches of every head-dim bucket whose splits fall on both sides of
+  // kPrefetchMaxSplitTiles under ForcedSplitsMatchToo's 1, 3 and 40 splits: the
+  // decode kernel with and without the L2 prefetch of the tile after its ring.
+  for (int d : {64, 128, 256}) {
+    cases.push_back({.heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {2500, 31}, .seqlen_new = 1,
+                     .seed = 600u + d});
+  }
   // Packed rows beyond one tile (seqlen_q 5 x group 8 = 40 rows), long split cache.
   cases.push_back({.seqlen_q = 5, .heads_q = 32, .heads_kv = 4, .head_dim = 128, .cached = {4097, 1023},
                    .seqlen_new = 5, .page_size = 256, .causal = true, .seed = 300});

@@ -8,6 +8,7 @@
 // backward, the score extras, dropout and block masks. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <limits>
 
 #include "backward_check.h"
@@ -30,12 +31,21 @@ namespace {
   return ::testing::AssertionSuccess();
 }
 
+// Whether the forward of c runs the sm80 kernel of head dim 128 without a
+// block mask or dropout (ForwardTuning<128>): it has no NaN/Inf fix (the
+// call spilled its loop; src/cuda/sm80/fwd/tuning.h, docs/hardening.md), so
+// masked keys' Inf/NaN can reach its rows as on main.
+bool sm80_forward_without_fix(const Case& c) {
+  const bool sm80 = !device_is_sm90() || std::getenv("FLASHATTN_DISABLE_SM90") != nullptr;
+  return sm80 && c.head_dim > 96 && c.head_dim <= 128 && c.block_q == 0 && c.dropout_p == 0.0f;
+}
+
 class CudaNanSemantics : public ::testing::TestWithParam<NanCase> {};
 
 TEST_P(CudaNanSemantics, Forward) {
   FA_REQUIRE_GPU();
-  Problem p = make_problem(GetParam().c);
-  plant(p, GetParam().plants);
+  if (sm80_forward_without_fix(GetParam().c)) GTEST_SKIP() << "the sm80 d128 forward has no NaN/Inf fix";
+  Problem p = make_nan_problem(GetParam());
   DeviceProblem d(p);
   DeviceExtras x(p);
   DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
@@ -48,8 +58,7 @@ TEST_P(CudaNanSemantics, Forward) {
 
 TEST_P(CudaNanSemantics, Backward) {
   FA_REQUIRE_GPU();
-  Problem p = make_problem(GetParam().c);
-  plant(p, GetParam().plants);
+  Problem p = make_nan_problem(GetParam());
   HostTensor out_h, lse_h;
   ASSERT_TRUE(cpu_forward_ex(p, &out_h, &lse_h));
   DeviceProblem d(p);
@@ -63,6 +72,14 @@ TEST_P(CudaNanSemantics, Backward) {
   ASSERT_TRUE(call_completed(fa_backward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &out.desc, &d.dout.desc, &lse.desc,
                                             &dq.desc, &dk.desc, &dv.desc, d.varlen_ptr(), &o, &bx, nullptr, 0)));
   expect_backward_semantics(p, dq.download(p.q), dk.download(p.k), dv.download(p.k));
+}
+
+// Classes of 3 x 3 blocks for 2 query heads (BlockClasses::cls order; 0 not
+// listed, 1 partial, 2 full), lower triangle only (the case is causal):
+//   head 0: query block 0 {0}, 1 {1}, 2 {0, 2}; head 1: 0 {0}, 1 {0, 1}, 2 {1, 2}.
+std::vector<uint8_t> whole_tile_classes() {
+  return {2, 0, 0, 0, 1, 0, 2, 0, 1,   // head 0
+          1, 0, 0, 2, 2, 0, 0, 1, 2};  // head 1
 }
 
 // The shared cases' causal and windowed problems (nan_semantics.h) with one
@@ -113,6 +130,24 @@ std::vector<NanCase> path_cases() {
     nc.c.block_density = 0.6;
     nc.plants = {{Operand::kV, 30, 0, 7, inf}, {Operand::kK, 20, 0, 2, nan}, {Operand::kV, 45, 0, 1, nan}};
   });
+  // Whole 128 x 128 blocks, which the Hopper kernels take in both directions
+  // (the backward only when every listed tile is whole on its tiles), at both
+  // head-dim buckets. Causal over 384 x 384: rows 256..299 share the tile of
+  // key 300 (Inf in V) without seeing it, so their stores come out NaN and are
+  // recomputed, and the lists make those rows skip a block they would see
+  // causally (key block 1 for head 0, 0 for head 1): the recompute must honour
+  // the launch's lists. K NaN at key 140: only rows that list key block 1.
+  for (auto [dt, d] : {std::pair{FA_BF16, 64}, std::pair{FA_F16, 128}}) {
+    add(v_inf, std::string("block_mask_whole_tiles_v_inf_") + fa_dtype_name(dt) + "_d" + std::to_string(d),
+        [&](NanCase& nc) {
+          nc.c.dtype = dt;
+          nc.c.head_dim = d;
+          nc.c.seqlen_q = nc.c.seqlen_k = 384;
+          nc.c.block_q = nc.c.block_k = 128;
+          nc.block_classes = whole_tile_classes();
+          nc.plants = {{Operand::kV, 300, 0, 7, inf}, {Operand::kK, 140, 0, 2, nan}};
+        });
+  }
   return out;
 }
 

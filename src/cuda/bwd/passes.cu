@@ -121,7 +121,7 @@ struct DqChunk {
 // the warp walks its items again, and each (row, head) with a non-finite
 // chunk is recomputed once, for the chunks found (other warps own the rest).
 template <typename T>
-__device__ __noinline__ void fix_dq_chunks(const AttentionParams& p, const Workspace ws, sm80::ListedBlocks blocks) {
+__device__ __noinline__ void fix_dq_chunks(const AttentionParams& p, const Workspace ws, const ListedPairs& pairs) {
   const int lane = threadIdx.x % 32, chunks = p.head_dim / 8;
   const int64_t items = p.total_q * p.heads_q * chunks, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31); base < items;
@@ -139,7 +139,7 @@ __device__ __noinline__ void fix_dq_chunks(const AttentionParams& p, const Works
       bad &= ~__ballot_sync(0xffffffffu, same);
       int b, r;
       locate_row(p, row, &b, &r);
-      nonfinite::fix_dq_row<T>(p, blocks, ws.row_d, b, h, r, cols);
+      nonfinite::fix_dq_row<T>(p, pairs, ws.row_d, b, h, r, cols);
     }
   }
 }
@@ -153,7 +153,8 @@ constexpr int kPostThreads = 256, kPostBlocksPerSm = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kPostThreads, kPostBlocksPerSm)
-    postpass_kernel(const __grid_constant__ AttentionParams p, const Workspace ws, const sm80::ListedBlocks blocks) {
+    postpass_kernel(const __grid_constant__ AttentionParams p, const Workspace ws,
+                    const __grid_constant__ ListedPairs pairs) {
   // One thread per 8 output elements (one 16-byte store).
   const int chunks = p.head_dim / 8;
   const int64_t items = p.total_q * p.heads_q * chunks;
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kPostThreads, kPostBlocksPerSm)
     *reinterpret_cast<uint4*>(dst) = out;
   }
   // Every lane has left the loop (whole warps run it: the grid is whole blocks).
-  if (__any_sync(0xffffffffu, nonfinite::found(check))) fix_dq_chunks<T>(p, ws, blocks);  // rare
+  if (__any_sync(0xffffffffu, nonfinite::found(check))) fix_dq_chunks<T>(p, ws, pairs);  // rare
 }
 
 fa_status launched(const char* what) {
@@ -205,17 +206,24 @@ fa_status run_prepass(const AttentionParams& p, const Workspace& ws) {
 }
 
 template <typename T>
-fa_status run_postpass(const AttentionParams& p, const Workspace& ws, const sm80::ListedBlocks& blocks) {
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws, const ListedPairs& pairs) {
   const int64_t items = p.total_q * p.heads_q * (p.head_dim / 8);
   if (items == 0) return FA_OK;
   postpass_kernel<T><<<grid_for(items, kPostThreads), kPostThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      p, ws, blocks);
+      p, ws, pairs);
   return launched("backward post-pass launch");
+}
+
+template <typename T>
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws) {
+  return run_postpass<T>(p, ws, ListedPairs{});
 }
 
 template fa_status run_prepass<__half>(const AttentionParams&, const Workspace&);
 template fa_status run_prepass<__nv_bfloat16>(const AttentionParams&, const Workspace&);
-template fa_status run_postpass<__half>(const AttentionParams&, const Workspace&, const sm80::ListedBlocks&);
-template fa_status run_postpass<__nv_bfloat16>(const AttentionParams&, const Workspace&, const sm80::ListedBlocks&);
+template fa_status run_postpass<__half>(const AttentionParams&, const Workspace&, const ListedPairs&);
+template fa_status run_postpass<__nv_bfloat16>(const AttentionParams&, const Workspace&, const ListedPairs&);
+template fa_status run_postpass<__half>(const AttentionParams&, const Workspace&);
+template fa_status run_postpass<__nv_bfloat16>(const AttentionParams&, const Workspace&);
 
 }  // namespace flashattn::cuda::bwd

@@ -10,9 +10,9 @@
 
 #include "core/params.h"
 
-namespace flashattn::cuda::sm80 {
-struct ListedBlocks;
-}  // namespace flashattn::cuda::sm80
+namespace flashattn::cuda {
+struct ListedPairs;
+}  // namespace flashattn::cuda
 
 namespace flashattn::cuda::bwd {
 
@@ -54,10 +54,13 @@ Workspace carve_workspace(const AttentionParams& p, const WorkspacePlan& plan, v
 // D = rowsum(dO * O) and zeroed dQ accumulator; dQ accumulator -> dq.
 template <typename T>
 fa_status run_prepass(const AttentionParams& p, const Workspace& ws);
-// blocks: the block mask's bits (sm80/block_sparse.cuh; none without one), for
+// pairs: the block mask's (common/block_sparse.cuh; empty without one), for
 // the post-pass's exact recompute of non-finite dq rows (common/nonfinite.cuh).
 template <typename T>
-fa_status run_postpass(const AttentionParams& p, const Workspace& ws, const sm80::ListedBlocks& blocks);
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws, const ListedPairs& pairs);
+// The same for a call without a block mask.
+template <typename T>
+fa_status run_postpass(const AttentionParams& p, const Workspace& ws);
 // With sinks: dL/dsinks from the pre-pass's D and the lse (sinks.cu); no-op otherwise.
 fa_status run_sink_grad(const AttentionParams& p, const Workspace& ws);
 

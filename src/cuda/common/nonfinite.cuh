@@ -13,7 +13,7 @@
 // recomputes the affected rows exactly, in f32, pair by pair over the pairs
 // the row really has (its visible keys, or a key's visible queries), with the
 // code the reference and the CPU backend use (attention/mask.h, score_mod.h,
-// dropout.h, block masks through the sm80 kernels' ListedBlocks bits), and
+// dropout.h, block masks through the launch's tile lists (ListedPairs)), and
 // stores them over the tile's regular stores:
 //   forward   out rows and their lse
 //   backward  dq rows (post-pass); dk and dv rows of a key and KV head
@@ -45,7 +45,7 @@
 #include "core/layout.h"
 #include "core/params.h"
 #include "cuda/common/convert.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 
 namespace flashattn::cuda::nonfinite {
 
@@ -72,11 +72,17 @@ __device__ __forceinline__ bool found(float check) { return check != check; }
 inline constexpr uint32_t kAllChunks = 0xffffffffu;
 static_assert(kMaxHeadDim / 8 <= 32, "one bit per 8-column chunk");
 
-// A launch's block-mask bits for the fixes: those of its BlockTiles, none
-// for a walk without a block mask (an empty Tiles).
-__device__ __forceinline__ sm80::ListedBlocks listed_bits(const sm80::BlockTiles& tiles) { return tiles.blocks; }
-template <class Tiles>
-__device__ __forceinline__ sm80::ListedBlocks listed_bits(const Tiles&) {
+// A launch without a block mask (its walk's Tiles is empty): the fixes take
+// no ListedPairs argument then.
+struct NoBlockMask {};
+
+// The fixes' view of a launch's lists (kernel tiles kTileM x kTileN).
+template <int kTileM, int kTileN>
+__device__ __forceinline__ ListedPairs pairs_of(const BlockTiles& tiles) {
+  return {tiles.key_tiles, tiles.blocks, kTileM, kTileN};
+}
+template <int kTileM, int kTileN, class Tiles>
+__device__ __forceinline__ NoBlockMask pairs_of(const Tiles&) {
   return {};
 }
 
@@ -150,16 +156,15 @@ struct HeadView {
   int b, h;
   SequenceInfo seq;
   MaskPolicy mask;
-  sm80::ListedBlocks blocks;  // the block mask's bits (unread without one)
+  ListedPairs pairs;  // the block mask's pairs (unread without one)
 
-  __device__ __forceinline__ HeadView(const AttentionParams& params, sm80::ListedBlocks listed, int b_, int h_)
-      : p(params), b(b_), h(h_), seq(sequence_info(params, b_)), mask(mask_for(params, seq)), blocks(listed) {}
+  __device__ __forceinline__ HeadView(const AttentionParams& params, const ListedPairs& listed, int b_, int h_)
+      : p(params), b(b_), h(h_), seq(sequence_info(params, b_)), mask(mask_for(params, seq)), pairs(listed) {}
 
   __device__ __forceinline__ bool visible(int i, int j) const {
     if (!mask.visible(i, j)) return false;
     if (!p.has_block_mask()) return true;
-    const int64_t row = sm80::BlockTiles::list_row(p.block_mask, b, h);
-    return sm80::ListedBlocks::listed(blocks.row_bits(p.block_mask, row, i), j / p.block_mask.block_k);
+    return pairs.listed(p.block_mask, BlockTiles::list_row(p.block_mask, b, h), i, j);
   }
   // The modified score of (i, j) from q_i . k_j; *capped gets it before ALiBi
   // (softcap's derivative is a function of it).
@@ -287,18 +292,18 @@ __device__ __forceinline__ void recompute_dq_row(const HeadView& hv, const float
 // dk and dv rows of key j of sequence b, KV head hk (their chunks in
 // `chunks`): every query head of the group, every query row that sees the key.
 template <typename T>
-__device__ __forceinline__ void recompute_dkdv_row(const AttentionParams& p, sm80::ListedBlocks blocks,
+__device__ __forceinline__ void recompute_dkdv_row(const AttentionParams& p, const ListedPairs& pairs,
                                                    const float* row_d, int b, int hk, int j, int lane,
                                                    uint32_t chunks) {
   const int d = p.head_dim, group = p.group_size();
   LaneRow k, v, q, dout, dk, dv;
-  const HeadView first(p, blocks, b, hk * group);
+  const HeadView first(p, pairs, b, hk * group);
   k.load(first.k_row<T>(j), d, lane);
   v.load(first.v_row<T>(j), d, lane);
   dk.zero();
   dv.zero();
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    const HeadView hv(p, blocks, b, h);
+    const HeadView hv(p, pairs, b, h);
     const int i_end = hv.mask.query_end(j + 1);
     for (int i = hv.mask.query_begin(j); i < i_end; ++i) {
       const float lse = hv.lse(i);
@@ -320,69 +325,96 @@ __device__ __forceinline__ void recompute_dkdv_row(const AttentionParams& p, sm8
 }  // namespace detail
 
 // ---- The fixes the epilogues call (all lanes of each calling warp). ----
+// pairs: the launch's block mask (pairs_of); NoBlockMask overloads for the
+// kernels without one take no such argument (their call sites as before).
 
 // Warp (after its stores are visible to it): out rows [row0, row0 + rows) of
 // sequence b, head h, those stored non-finite.
 template <typename T>
-__device__ __forceinline__ void fix_out_rows(const AttentionParams& p, int b, int h, int row0, int rows) {
-  const detail::HeadView hv(p, sm80::ListedBlocks{}, b, h);
+__device__ __forceinline__ void fix_out_rows(const AttentionParams& p, const ListedPairs& pairs, int b, int h, int row0,
+                                             int rows) {
+  const detail::HeadView hv(p, pairs, b, h);
   const int lane = threadIdx.x % 32;
   for (int i = row0; i < row0 + rows; ++i) {
     const T* o = static_cast<const T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
     if (detail::row_nonfinite(o, p.head_dim, lane)) detail::recompute_out_row<T>(hv, i, lane);
   }
 }
+template <typename T>
+__device__ __forceinline__ void fix_out_rows(const AttentionParams& p, NoBlockMask, int b, int h, int row0, int rows) {
+  fix_out_rows<T>(p, ListedPairs{}, b, h, row0, rows);
+}
 
 // CTA (after a barrier that follows its stores): out rows [m0, m0 + rows) of
 // sequence b, head h, those stored non-finite.
 template <typename T>
-__device__ __forceinline__ void fix_out_tile(const AttentionParams& p, sm80::ListedBlocks blocks, int b, int h, int m0,
+__device__ __forceinline__ void fix_out_tile(const AttentionParams& p, const ListedPairs& pairs, int b, int h, int m0,
                                              int rows) {
-  const detail::HeadView hv(p, blocks, b, h);
+  const detail::HeadView hv(p, pairs, b, h);
   const int lane = threadIdx.x % 32;
   for (int i = m0 + static_cast<int>(threadIdx.x / 32); i < m0 + rows; i += blockDim.x / 32) {
     const T* o = static_cast<const T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
     if (detail::row_nonfinite(o, p.head_dim, lane)) detail::recompute_out_row<T>(hv, i, lane);
   }
 }
+template <typename T>
+__device__ __forceinline__ void fix_out_tile(const AttentionParams& p, NoBlockMask, int b, int h, int m0, int rows) {
+  fix_out_tile<T>(p, ListedPairs{}, b, h, m0, rows);
+}
+
+namespace detail {
+
+// dk / dv rows of keys k0 + first, k0 + first + step, ... below k0 + rows of
+// sequence b, KV head hk, those whose columns in `chunks` were stored
+// non-finite, recomputed there.
+template <typename T>
+__device__ __forceinline__ void fix_dkdv_keys(const AttentionParams& p, const ListedPairs& pairs, const float* row_d,
+                                              int b, int hk, int k0, int rows, int first, int step, uint32_t chunks) {
+  const HeadView kv(p, pairs, b, hk * p.group_size());
+  const int lane = threadIdx.x % 32;
+  for (int j = k0 + first; j < k0 + rows; j += step) {
+    const T* dk = static_cast<const T*>(p.dk) + kv.k_offset(j, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    const T* dv = static_cast<const T*>(p.dv) + kv.k_offset(j, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    if (row_nonfinite(dk, p.head_dim, lane, chunks) || row_nonfinite(dv, p.head_dim, lane, chunks))
+      recompute_dkdv_row<T>(p, pairs, row_d, b, hk, j, lane, chunks);
+  }
+}
+
+}  // namespace detail
 
 // CTA (after a barrier that follows its stores): dk / dv rows of keys
 // [k0, k0 + rows) of sequence b, KV head hk, those stored non-finite.
 template <typename T>
-__device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, sm80::ListedBlocks blocks, const float* row_d,
+__device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, const ListedPairs& pairs, const float* row_d,
                                            int b, int hk, int k0, int rows) {
-  const detail::HeadView first(p, blocks, b, hk * p.group_size());
-  const int lane = threadIdx.x % 32;
-  for (int j = k0 + static_cast<int>(threadIdx.x / 32); j < k0 + rows; j += blockDim.x / 32) {
-    const T* dk = static_cast<const T*>(p.dk) + first.k_offset(j, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    const T* dv = static_cast<const T*>(p.dv) + first.k_offset(j, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    if (detail::row_nonfinite(dk, p.head_dim, lane) || detail::row_nonfinite(dv, p.head_dim, lane))
-      detail::recompute_dkdv_row<T>(p, blocks, row_d, b, hk, j, lane, kAllChunks);
-  }
+  detail::fix_dkdv_keys<T>(p, pairs, row_d, b, hk, k0, rows, threadIdx.x / 32, blockDim.x / 32, kAllChunks);
+}
+template <typename T>
+__device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, NoBlockMask, const float* row_d, int b, int hk,
+                                           int k0, int rows) {
+  detail::fix_dkdv_keys<T>(p, ListedPairs{}, row_d, b, hk, k0, rows, threadIdx.x / 32, blockDim.x / 32, kAllChunks);
 }
 
 // Warp (after its stores are visible to it): dk / dv rows of keys
 // [key0, key0 + keys) of sequence b, KV head hk, those whose columns in
 // `chunks` were stored non-finite, recomputed there.
 template <typename T>
-__device__ __noinline__ void fix_dkdv_rows(const AttentionParams& p, const float* row_d, int b, int hk, int key0,
-                                           int keys, uint32_t chunks) {
-  const detail::HeadView first(p, sm80::ListedBlocks{}, b, hk * p.group_size());
-  const int lane = threadIdx.x % 32;
-  for (int j = key0; j < key0 + keys; ++j) {
-    const T* dk = static_cast<const T*>(p.dk) + first.k_offset(j, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    const T* dv = static_cast<const T*>(p.dv) + first.k_offset(j, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    if (detail::row_nonfinite(dk, p.head_dim, lane, chunks) || detail::row_nonfinite(dv, p.head_dim, lane, chunks))
-      detail::recompute_dkdv_row<T>(p, sm80::ListedBlocks{}, row_d, b, hk, j, lane, chunks);
-  }
+__device__ __noinline__ void fix_dkdv_rows(const AttentionParams& p, const ListedPairs& pairs, const float* row_d,
+                                           int b, int hk, int key0, int keys, uint32_t chunks) {
+  detail::fix_dkdv_keys<T>(p, pairs, row_d, b, hk, key0, keys, 0, 1, chunks);
+}
+template <typename T>
+__device__ __noinline__ void fix_dkdv_rows(const AttentionParams& p, NoBlockMask, const float* row_d, int b, int hk,
+                                           int key0, int keys, uint32_t chunks) {
+  detail::fix_dkdv_keys<T>(p, ListedPairs{}, row_d, b, hk, key0, keys, 0, 1, chunks);
 }
 
 // Warp: the dq row of (flattened row `row`, head h) of sequence b, row i in
 // it, the columns of `chunks`.
 template <typename T>
-__device__ __forceinline__ void fix_dq_row(const AttentionParams& p, sm80::ListedBlocks blocks, const float* row_d,
+__device__ __forceinline__ void fix_dq_row(const AttentionParams& p, const ListedPairs& pairs, const float* row_d,
                                            int b, int h, int i, uint32_t chunks) {
-  const detail::HeadView hv(p, blocks, b, h);
+  const detail::HeadView hv(p, pairs, b, h);
   detail::recompute_dq_row<T>(hv, row_d, i, threadIdx.x % 32, chunks);
 }
 

@@ -92,6 +92,7 @@ struct Plan {
   bool forward = false;  // the Hopper route
   int splits = 1;
   int query_tiles = 1;
+  bool l2_prefetch = false;  // decode::Work::l2_prefetch
   size_t q_rotated_bytes = 0;
   size_t partial_o_bytes = 0;
   size_t partial_lse_bytes = 0;
@@ -112,9 +113,11 @@ Plan make_plan(const KvCacheParams& kp) {
     plan.key_count_bytes = aligned(static_cast<size_t>(a.batch) * sizeof(int32_t));
     return plan;
   }
-  plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity,
-                                       decode::block_keys(head_dim_bucket(a.head_dim)),
+  const int block_keys = decode::block_keys(head_dim_bucket(a.head_dim));
+  plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity, block_keys,
                                        sm_count(a.device_index), kp.num_splits});
+  plan.l2_prefetch = !kp.is_paged() && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
+                                           decode::kPrefetchMaxSplitTiles;
   if (plan.splits > 1) {
     plan.partial_o_bytes = aligned(plan.splits * rows * a.head_dim * sizeof(float));
     plan.partial_lse_bytes = aligned(plan.splits * rows * sizeof(float));
@@ -251,6 +254,7 @@ fa_status forward_kvcache(const KvCacheParams& kp) {
   w.splits = plan.splits;
   w.query_tiles = plan.query_tiles;
   w.page_shift = power_of_two_shift(kp.block_size);
+  w.l2_prefetch = plan.l2_prefetch;
   w.q_rotated = plan.q_rotated_bytes > 0 ? base : nullptr;
   w.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes) : nullptr;
   w.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes + plan.partial_o_bytes) : nullptr;

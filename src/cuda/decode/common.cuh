@@ -25,6 +25,7 @@ struct Work {
   int splits;
   int query_tiles;
   int page_shift;       // paged cache with a power-of-two page: log2(block_size); else -1
+  bool l2_prefetch;     // a contiguous cache's short splits: the L2 prefetches a tile more (kernel.cuh)
   // The Hopper route (api.cu): int32[batch], the append kernel writes each
   // sequence's key count there (-1 where its indices are out of range); else null.
   int32_t* key_counts;

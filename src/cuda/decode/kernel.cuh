@@ -34,37 +34,79 @@
 
 namespace flashattn::cuda::decode {
 
-// 16 bytes of a K/V row, global -> shared, L1 bypassed; the L2 fetches the
-// 128-byte span around it on a miss (the row's other chunks come with it).
+// An L2 cache policy that evicts the lines it tags first: K/V are read once,
+// so they should not push out what is read again (q, the block table, the
+// partials the combine reads back).
+// NOTES: measured on the H100 (docs/performance.md 3.6): batch 1 x 16k +2.5%,
+// the other decode shapes within 1%.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes of a K/V row, global -> shared, L1 bypassed, tagged with `policy`;
+// the L2 fetches the 128-byte span around it on a miss (the row's other chunks
+// come with it).
 // NOTES: measured on the H100 (docs/performance.md 3.6): +2-2.5% on the
 // contiguous cache at batch 16-128 and batch 1 x 64k-256k, paged caches level;
 // a 256-byte span measured the same.
-__device__ __forceinline__ void cp_async_row_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
+__device__ __forceinline__ void cp_async_row_16(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(valid ? 16 : 0), "l"(policy));
 }
 
-// Issues the cp.async copies of key tile `tile` (K and V rows) into a ring
-// stage; rows past the sequence, rows the source refuses and columns past the
-// head dim are zero-filled.
-template <typename T, int HeadDim, class Source>
-__device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, const Source& src,
-                                          const typename Source::Rows& rows, int tile, T* stage) {
+// Calls f(key, valid, k_off, v_off) for the rows of key tile `tile` this
+// thread copies (one 16-byte column chunk of each): valid is false for rows past
+// the sequence, rows the source refuses and columns past the head dim.
+template <int HeadDim, class Source, class F>
+__device__ __forceinline__ void for_tile_rows(const KvCacheParams& p, const TileWork& t, const Source& src,
+                                              const typename Source::Rows& rows, int tile, F&& f) {
   using Tr = Traits<HeadDim>;
-  const AttentionParams& a = p.attn;
   const int chunk = threadIdx.x % Tr::kChunks, key0 = threadIdx.x / Tr::kChunks;
-  const bool column_ok = chunk * 8 < a.head_dim;
-  const T* k = static_cast<const T*>(a.k);
-  const T* v = static_cast<const T*>(a.v);
+  const bool column_ok = chunk * 8 < p.attn.head_dim;
 #pragma unroll
   for (int n = 0; n < Tr::kRowsPerThread; ++n) {
     const int key = key0 + n * Tr::kRowsPerPass, j = tile * Tr::kBlockK + key;
     int64_t k_off = 0, v_off = 0;
     const bool valid = column_ok && j < t.keys && src.offsets(rows, j, n, k_off, v_off);
-    T* dst = stage + key * Tr::kRowElems + chunk * 8;
-    cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid);
-    cp_async_row_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid);
+    f(key, valid, k_off, v_off);
   }
+}
+
+// Issues the cp.async copies of key tile `tile` (K and V rows) into a ring
+// stage; rows and columns that are not valid are zero-filled.
+template <typename T, int HeadDim, class Source>
+__device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork& t, const Source& src,
+                                          const typename Source::Rows& rows, int tile, T* stage,
+                                          uint64_t policy) {
+  using Tr = Traits<HeadDim>;
+  const T* k = static_cast<const T*>(p.attn.k);
+  const T* v = static_cast<const T*>(p.attn.v);
+  const int chunk = threadIdx.x % Tr::kChunks;
+  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int key, bool valid, int64_t k_off, int64_t v_off) {
+    T* dst = stage + key * Tr::kRowElems + chunk * 8;
+    cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid, policy);
+    cp_async_row_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid, policy);
+  });
+}
+
+// Asks the L2 for key tile `tile` (K and V rows) without copying it: one
+// prefetch per 128-byte line, from the thread holding the line's first chunk.
+// Only for sources whose rows are addressable a tile ahead (Source::kAddressesAhead).
+template <typename T, int HeadDim, class Source>
+__device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const TileWork& t, const Source& src,
+                                              const typename Source::Rows& rows, int tile) {
+  using Tr = Traits<HeadDim>;
+  constexpr int kLineChunks = 128 / 16;
+  if ((threadIdx.x % Tr::kChunks) % kLineChunks != 0) return;
+  const T* k = static_cast<const T*>(p.attn.k);
+  const T* v = static_cast<const T*>(p.attn.v);
+  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int, bool valid, int64_t k_off, int64_t v_off) {
+    if (!valid) return;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k + k_off));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v + v_off));
+  });
 }
 
 // The tile's packed q rows into shared memory, 16 bytes at a time (q's rows
@@ -290,7 +332,10 @@ __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWo
 
 // NOTES: cp.async groups, oldest first: q, then one per key tile. The ring
 // holds kStages tiles, kStages - 1 in flight while one is read; the next
-// tile's source rows (block-table entries) are fetched a tile ahead.
+// tile's source rows (block-table entries) are fetched a tile ahead. With
+// w.l2_prefetch (a short split of a contiguous cache, api.cu) the tile after
+// the ring's is also requested into the L2 (prefetch_tile), so one more tile
+// is in flight without shared memory.
 //
 // Indices may have changed since the host checked them (graph replays): a
 // sequence whose length or cache row is out of range reads nothing, a page
@@ -314,16 +359,20 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   const int tiles = readable ? t.tile_end - t.tile_begin : 0;
   constexpr int kStageElems = Tr::kStageBytes / 2;
   typename Src::Rows rows;
+  const uint64_t policy = evict_first_policy();
+  // A short split also keeps the tile after the ring's on its way into the L2.
+  const bool prefetch = Src::kAddressesAhead && w.l2_prefetch;
   if (tiles > 0) src.fetch(t.tile_begin, rows);
   load_queries<T, HeadDim>(p, w, t, q_s);
   cp_async_commit();
   for (int s = 0; s < Tr::kStages - 1; ++s) {
     if (s < tiles) {
-      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + s, ring + s * kStageElems);
+      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + s, ring + s * kStageElems, policy);
       if (s + 1 < tiles) src.fetch(t.tile_begin + s + 1, rows);
     }
     cp_async_commit();
   }
+  if (prefetch && Tr::kStages - 1 < tiles) prefetch_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + Tr::kStages - 1);
   cp_async_wait<Tr::kStages - 1>();  // q landed
   __syncthreads();
 
@@ -336,8 +385,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
     __syncthreads();  // tile `it` landed for every thread; the stage read last turn is free
     const int ahead = it + Tr::kStages - 1;
     if (ahead < tiles) {
-      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead, ring + (ahead % Tr::kStages) * kStageElems);
-      if (ahead + 1 < tiles) src.fetch(t.tile_begin + ahead + 1, rows);
+      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead, ring + (ahead % Tr::kStages) * kStageElems,
+                            policy);
+      if (ahead + 1 < tiles) {
+        src.fetch(t.tile_begin + ahead + 1, rows);
+        if (prefetch) prefetch_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead + 1);
+      }
     }
     cp_async_commit();
     const T* k_s = ring + (it % Tr::kStages) * kStageElems;

@@ -31,6 +31,7 @@ struct ChunkBase {
 template <int HeadDim>
 struct ContiguousKv {
   struct Rows {};
+  static constexpr bool kAddressesAhead = true;  // any tile's rows, without a lookup
   int64_t k0, v0;        // this thread's chunk of key 0
   int64_t k_row, v_row;  // one key further
   bool ok;               // the cache row is in range
@@ -70,6 +71,8 @@ struct PagedKv {
   struct Rows {
     int page[Tr::kRowsPerThread];  // as the block table says, or -1 past the keys
   };
+  // A tile's rows are known a tile after its table entries are requested.
+  static constexpr bool kAddressesAhead = false;
   const int32_t* table;  // sequence b's row of the block table
   ChunkBase base;
   int64_t k_page, v_page, k_row, v_row;

@@ -33,6 +33,13 @@ inline bool splits_are_tight(int n, int tiles) {
   return (tiles + per_split - 1) / per_split == n;
 }
 
+// Key tiles of the longest split: what the kernel gives each of `splits`
+// (tile_work in common.cuh) when a sequence has max_keys keys.
+inline int tiles_per_split(int max_keys, int block_keys, int splits) {
+  const int tiles = std::max(1, (max_keys + block_keys - 1) / block_keys);
+  return (tiles + splits - 1) / std::max(1, splits);
+}
+
 // NOTES: CTAs without splitting = batch * heads_kv * query_tiles, against
 // kCtasPerSm * sm_count resident slots. Each split adds one partial (O, lse)
 // per packed row and a combine pass, and a split shorter than

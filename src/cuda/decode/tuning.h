@@ -32,6 +32,14 @@ constexpr int kMinTilesPerSplit = 2;
 constexpr double kWaveSlack = 0.95;
 // Upper bound on splits (workspace and combine loop length).
 constexpr int kMaxSplits = 64;
+// A split of at most this many key tiles (contiguous caches) also has the tile
+// after its ring's requested into the L2 (prefetch.global.L2). Reasoned: it
+// shortens the ring's ramp, which only a short split feels, and costs a long
+// stream extra L2 requests. Measured on the H100 (docs/performance.md 3.6), with this bound
+// batch 1 x 16k (8 tiles a split) read 1.063x of the kernel without either
+// L2 change and the other shapes 0.991-1.002x; with the prefetch in every split,
+// 16 x 4k (32 tiles) read 0.96x and 64 x 16k (256 tiles) 0.97x of that kernel.
+constexpr int kPrefetchMaxSplitTiles = 16;
 // Splits whose partial O a combine thread loads before the merge weights are
 // known (float4 registers): all of them for 32 splits at head dim 128 (four
 // thread groups), so the O loads overlap the lse round trip.

@@ -31,7 +31,7 @@
 //   that MaskPolicy::tile_fully_visible() clears runs no per-element test;
 //   others first set the scores outside each row's visible key range
 //   [first_key, end_key) (from the same MaskPolicy) to -inf.
-// - Block masks (sm80/block_sparse.cuh): a key tile walks only the query
+// - Block masks (common/block_sparse.cuh): a key tile walks only the query
 //   tiles that list it (per query head of its group), and a pair not full in
 //   the lists also takes the per-element test, which then drops the keys of
 //   blocks the row's query block does not list. A key tile no query tile
@@ -63,8 +63,8 @@
 #include "cuda/common/flags.h"
 #include "cuda/common/launch_env.h"
 #include "cuda/common/mma.h"
+#include "cuda/common/block_tiles.h"
 #include "cuda/common/nonfinite.cuh"
-#include "cuda/sm80/block_tiles.h"
 #include "cuda/sm80/bwd/config.h"
 #include "cuda/sm80/bwd/launch.h"
 #include "cuda/sm80/bwd/query_walk.cuh"
@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   if (__syncthreads_or(bits != 0))  // rare: the whole CTA, after every thread's stores
-    nonfinite::fix_dkdv_tile<T>(p, nonfinite::listed_bits(tiles), ws.row_d, b, hk, k0, kv_rows);
+    nonfinite::fix_dkdv_tile<T>(p, nonfinite::pairs_of<C::kBlockM, C::kBlockN>(tiles), ws.row_d, b, hk, k0, kv_rows);
 }
 
 // Launches backward_main_kernel<D, T, Drop, Walk> over `grid` on p.stream.
@@ -657,9 +657,9 @@ fa_status run_main(const AttentionParams& p, const Workspace& ws) {
   // Dropout and block masks run their own instantiations: the kernel without
   // them is unchanged. Both together are refused (block_tiles.h).
   if (p.has_block_mask()) {
-    FA_RETURN_IF_ERROR(sm80::refuse_block_mask_dropout(p));
-    sm80::BlockTileBuffer block_tiles;
-    FA_RETURN_IF_ERROR(block_tiles.build(p, C::kBlockM, C::kBlockN, sm80::BlockWalk::kBackward));
+    FA_RETURN_IF_ERROR(refuse_block_mask_dropout(p));
+    BlockTileBuffer block_tiles;
+    FA_RETURN_IF_ERROR(block_tiles.build(p, C::kBlockM, C::kBlockN, BlockWalk::kBackward));
     return launch_main<D, T, sm80::NoDropout, ListedQueries>(p, ws, grid, stages, bytes, block_tiles.view());
   }
   if (p.has_dropout()) return launch_main<D, T, sm80::PhiloxDropout, DenseQueries>(p, ws, grid, stages, bytes, {});

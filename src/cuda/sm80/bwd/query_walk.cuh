@@ -18,7 +18,7 @@
 
 #include "core/layout.h"
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 
 namespace flashattn::cuda::bwd {
 
@@ -77,14 +77,14 @@ struct DenseQueries {
 };
 
 struct ListedQueries {
-  using Tiles = sm80::BlockTiles;
+  using Tiles = BlockTiles;
   static constexpr bool kListed = true;
   struct Cta {
     const AttentionParams& p;
-    const sm80::BlockTiles& tiles;
-    sm80::ListedQueryTiles listed;
+    const BlockTiles& tiles;
+    ListedQueryTiles listed;
     int b, iters;
-    __device__ __forceinline__ Cta(const AttentionParams& params, const sm80::BlockTiles& t, const WalkPlace& at)
+    __device__ __forceinline__ Cta(const AttentionParams& params, const BlockTiles& t, const WalkPlace& at)
         : p(params),
           tiles(t),
           listed{t.query_tiles, params.block_mask, at.b, at.hk * at.group, at.group, at.n_tile, at.m_begin,
@@ -96,8 +96,8 @@ struct ListedQueries {
       QueryStep s{0, 0, true};
       int32_t entry = 0;
       listed.locate(it, &s.h, &entry);
-      s.m = sm80::TileList::index(entry);
-      s.full = sm80::TileList::full(entry);
+      s.m = TileList::index(entry);
+      s.full = TileList::full(entry);
       return s;
     }
     // The slice's pairs of query head h: rows row_g + 16 mi + 8 half, keys
@@ -125,19 +125,19 @@ struct ListedQueries {
 #pragma unroll
             for (int bit = 0; bit < 2 * NT; ++bit) {
               const int key = key_t + 8 * (bit / 2) + bit % 2;
-              if (key < seq.seqlen_k && !sm80::ListedBlocks::listed(row, key / m.block_k)) w &= ~(1u << bit);
+              if (key < seq.seqlen_k && !ListedBlocks::listed(row, key / m.block_k)) w &= ~(1u << bit);
             }
           }
           out.words[mi][half] = w;
         }
       return out;
     }
-    __device__ __forceinline__ int64_t list_row(int h) const { return sm80::BlockTiles::list_row(p.block_mask, b, h); }
+    __device__ __forceinline__ int64_t list_row(int h) const { return BlockTiles::list_row(p.block_mask, b, h); }
     // The next-higher key tile listing (h, m), minus one (none: the key tile
     // count); searched in deterministic mode only.
     __device__ __forceinline__ int key_tile_before(int h, int m, int n_tile, int none) const {
       if (!p.deterministic) return n_tile;
-      return sm80::next_key_tile(tiles.key_tiles, list_row(h), m, n_tile, none) - 1;
+      return next_key_tile(tiles.key_tiles, list_row(h), m, n_tile, none) - 1;
     }
   };
 };

@@ -83,7 +83,8 @@ __device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_
         p.lse[off] = lse;
       }
     }
-  const bool any_nonfinite = __syncthreads_or(bits != 0);
+  // (Without the fix, the plain barrier: the check is dropped.)
+  const bool any_nonfinite = K::kNonfiniteFix ? __syncthreads_or(bits != 0) : (__syncthreads(), false);
   T* o = static_cast<T*>(p.out) + row_offset(cta.b, cta.seq.row_q, cta.m0, cta.h, p.o_batch_stride, p.o_row_stride,
                                              p.o_head_stride, cta.varlen);
   q_copy.store(o, p.o_row_stride, smem, cta.rows_valid, d_valid);
@@ -95,12 +96,13 @@ __device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_
 // NOTES: the tile is placed again from blockIdx, so nothing of it stays live
 // across the K/V loop for this path: keeping the sequence, head and first row
 // live until here made ptxas spill the d128 kernel (at 255 registers).
-template <class K, typename T>
-__device__ __noinline__ void fix_nonfinite_tile(const AttentionParams& p, int m_blocks, sm80::ListedBlocks blocks) {
+// Pairs: nonfinite::ListedPairs (a block mask) or NoBlockMask.
+template <class K, typename T, class Pairs>
+__device__ __noinline__ void fix_nonfinite_tile(const AttentionParams& p, int m_blocks, const Pairs pairs) {
   FwdCta<T> cta;
   cta.template place<K>(p, m_blocks);
   __syncthreads();  // every thread's stores of the tile come first
-  nonfinite::fix_out_tile<T>(p, blocks, cta.b, cta.h, cta.m0, min(K::kM, cta.seq.seqlen_q - cta.m0));
+  nonfinite::fix_out_tile<T>(p, pairs, cta.b, cta.h, cta.m0, min(K::kM, cta.seq.seqlen_q - cta.m0));
 }
 
 }  // namespace flashattn::cuda::sm80

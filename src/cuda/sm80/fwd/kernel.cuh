@@ -34,7 +34,7 @@
 
 #include "core/numeric.h"
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 #include "cuda/sm80/dropout.cuh"
 #include "cuda/sm80/fwd/epilogue.cuh"
 #include "cuda/sm80/fwd/key_walk.cuh"
@@ -132,8 +132,10 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     pv<K, T>(acc, pk, lanes, th, slot);
   }
 
-  if (write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid))  // rare
-    fix_nonfinite_tile<K, T>(p, m_blocks, nonfinite::listed_bits(tiles));
+  const bool stored_nonfinite = write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid);
+  if constexpr (K::kNonfiniteFix) {
+    if (stored_nonfinite) fix_nonfinite_tile<K, T>(p, m_blocks, nonfinite::pairs_of<K::kM, K::kN>(tiles));  // rare
+  }
 }
 
 }  // namespace flashattn::cuda::sm80

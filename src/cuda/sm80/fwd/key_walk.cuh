@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
 #include "cuda/sm80/fwd/scheduler.cuh"
 #include "cuda/sm80/fwd/traits.h"

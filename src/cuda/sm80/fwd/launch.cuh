@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "cuda/common/launch_env.h"
-#include "cuda/sm80/block_tiles.h"
+#include "cuda/common/block_tiles.h"
 #include "cuda/sm80/fwd/kernel.cuh"
 #include "cuda/sm80/fwd/tuning.h"
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 #include "cuda/common/mma.h"
 #include "cuda/sm80/fwd/scheduler.cuh"
 #include "cuda/sm80/fwd/tile_copy.cuh"

@@ -44,15 +44,16 @@ namespace flashattn::cuda::sm90 {
 // The reducer warp: adds each finished dQ tile into the f32 accumulator with
 // one TMA reduce per 32-column box (rows past the tensor are skipped; rows
 // past a varlen sequence hold zeros: dS = 0 there).
-template <class K>
+template <class K, class Walk>
 __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const AttentionParams& p,
-                                          const bwd::Workspace& ws, const BwdCta& cta, int lane, int bq,
-                                          int row_q0) {
+                                          const bwd::Workspace& ws, const BwdCta& cta,
+                                          const typename Walk::Tiles& tiles, int lane, int bq, int row_q0) {
   uint8_t* const smem = smem_raw + smem_align_pad();
   for (int it = 0; it < cta.w.iters; ++it) {
     const int qb = it % (K::kDqBufs > 0 ? K::kDqBufs : 1);
-    const int h = cta.head(it);
-    const int m = cta.w.query_tile(it), q0 = m * K::kBlockM;
+    int h, m;
+    Walk::step(tiles, cta, it, h, m);
+    const int q0 = m * K::kBlockM;
     int* sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, m) : nullptr;
     if (sem != nullptr && lane == 0) {
       // Key tile n+1, if it sees query tile m, adds its share first.

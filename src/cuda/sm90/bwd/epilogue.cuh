@@ -15,11 +15,12 @@
 
 namespace flashattn::cuda::sm90 {
 
-// row_d: the pre-pass's D rows (the fix's dS needs them).
-template <class K, typename T>
+// row_d: the pre-pass's D rows (the fix's dS needs them); pairs: the block
+// mask's (nonfinite::pairs_of the walk's lists).
+template <class K, typename T, class Pairs>
 __device__ __forceinline__ void store_dk_dv(const float (&dk)[K::kDvN / 2], const float (&dv)[K::kDvN / 2],
                                             const AttentionParams& p, const BwdCta& cta, const ConsumerThread& th,
-                                            const float* row_d) {
+                                            const float* row_d, const Pairs& pairs) {
   uint32_t bits = 0;  // nonfinite::nonfinite_bits of the values stored
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -47,7 +48,7 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[K::kDvN / 2], cons
     constexpr uint32_t kChunks = K::kDvN / 8 >= 32 ? nonfinite::kAllChunks : (1u << (K::kDvN / 8)) - 1u;
     const uint32_t chunks = K::kSplitD ? kChunks << (th.cw * K::kDvN / 8) : nonfinite::kAllChunks;
     __syncwarp();  // the warp's stores of those rows come first
-    nonfinite::fix_dkdv_rows<T>(p, row_d, cta.b, cta.hk, key0, min(16, cta.seq.seqlen_k - key0), chunks);
+    nonfinite::fix_dkdv_rows<T>(p, pairs, row_d, cta.b, cta.hk, key0, min(16, cta.seq.seqlen_k - key0), chunks);
   }
 }
 

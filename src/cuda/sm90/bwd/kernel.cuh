@@ -57,19 +57,18 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<K>& sm) {
   mbar_fence_init();
 }
 
-// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh), chosen at launch.
-template <int D, typename T, class Drop = NoDropout>
-__global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
-    backward_kernel(const __grid_constant__ CUtensorMap tma_q,
-                    const __grid_constant__ CUtensorMap tma_dq,
-                    const __grid_constant__ CUtensorMap tma_do,
-                    const __grid_constant__ CUtensorMap tma_k,
-                    const __grid_constant__ CUtensorMap tma_v,
-                    const __grid_constant__ AttentionParams p, const bwd::Workspace ws) {
+// The kernel's body. Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh);
+// Walk: DenseQueryWalk or ListedQueryWalk (a block mask; scheduler.cuh) with
+// its lists.
+template <int D, typename T, class Drop, class Walk>
+__device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUtensorMap& tma_dq,
+                                             const CUtensorMap& tma_do, const CUtensorMap& tma_k,
+                                             const CUtensorMap& tma_v, const AttentionParams& p,
+                                             const bwd::Workspace& ws, const typename Walk::Tiles& tiles) {
 #if FLASHATTN_SM90_DEVICE
   using K = BwdTraits<D, T>;
   BwdCta cta;
-  if (!bwd_cta<K::kBlockM, K::kBlockN>(p, cta)) return;  // whole CTA: before any barrier
+  if (!bwd_cta<K::kBlockM, K::kBlockN, Walk>(p, tiles, cta)) return;  // whole CTA: before any barrier
 
   const BwdSmem<K> sm;
 
@@ -84,15 +83,43 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     const int bq = cta.varlen ? 0 : cta.b;
     const int row_q0 = cta.varlen ? static_cast<int>(cta.seq.row_q) : 0;
     if (K::kDqTma && warp == 1 && cta.w.iters > 0) {
-      reduce_dq<K>(&tma_dq, p, ws, cta, lane, bq, row_q0);
+      reduce_dq<K, Walk>(&tma_dq, p, ws, cta, tiles, lane, bq, row_q0);
       return;
     }
-    produce<K>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, sm, warp, lane, bq, row_q0);
+    produce<K, Walk>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, tiles, sm, warp, lane, bq, row_q0);
   } else {
     setmaxnreg_inc<K::Tune::kConsumerRegs>();
-    consume<K, T, Drop>(p, ws, cta, sm, wg - 1);
+    consume<K, T, Drop, Walk>(p, ws, cta, tiles, sm, wg - 1);
   }
 #endif
+}
+
+// The kernel without a block mask (with or without dropout).
+template <int D, typename T, class Drop = NoDropout>
+__global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                    const __grid_constant__ CUtensorMap tma_dq,
+                    const __grid_constant__ CUtensorMap tma_do,
+                    const __grid_constant__ CUtensorMap tma_k,
+                    const __grid_constant__ CUtensorMap tma_v,
+                    const __grid_constant__ AttentionParams p, const bwd::Workspace ws) {
+  backward_cta<D, T, Drop, DenseQueryWalk>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, DenseQueryWalk::Tiles{});
+}
+
+// The kernel of a block mask: the lists' steps in `tiles`.
+// NOTES: a kernel of its own rather than a parameter of backward_kernel: an
+// empty parameter there changed how the plain kernels load the workspace's
+// fields and took the d 128 dropout kernel's spill from 28 to 52 bytes.
+template <int D, typename T>
+__global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
+    block_sparse_backward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                                 const __grid_constant__ CUtensorMap tma_dq,
+                                 const __grid_constant__ CUtensorMap tma_do,
+                                 const __grid_constant__ CUtensorMap tma_k,
+                                 const __grid_constant__ CUtensorMap tma_v,
+                                 const __grid_constant__ AttentionParams p, const bwd::Workspace ws,
+                                 const __grid_constant__ BlockTiles tiles) {
+  backward_cta<D, T, NoDropout, ListedQueryWalk>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, tiles);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/params.h"
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/block_tiles.h"
 #include "cuda/sm90/bwd/kernel.cuh"
 #include "cuda/sm90/bwd/launch.h"
 #include "cuda/head_dims.h"
@@ -55,11 +56,23 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
 
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;
-  // Dropout runs its own instantiation: the plain kernel is the one before it.
-  auto kernel = p.has_dropout() ? backward_kernel<D, T, PhiloxDropout> : backward_kernel<D, T>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  cudaError_t err = cudaSuccess;
+  if (p.has_block_mask()) {
+    // The steps of the block mask on this kernel's tiles (UNSUPPORTED where
+    // one is not full: the sm80 kernel takes the call; api.cu).
+    BlockTileBuffer steps;
+    FA_RETURN_IF_ERROR(steps.build(p, K::kBlockM, K::kBlockN, BlockWalk::kGroupSteps));
+    auto kernel = block_sparse_backward_kernel<D, T>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+    if (err == cudaSuccess) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws, steps.view());
+  } else {
+    // Dropout runs its own instantiation: the plain kernel is the one before it.
+    auto kernel = p.has_dropout() ? backward_kernel<D, T, PhiloxDropout> : backward_kernel<D, T>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+    if (err == cudaSuccess) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws);
+  }
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
-  kernel<<<grid, K::kThreads, K::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(mq, mdq, mdo, mk, mv, p, ws);
   err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward launch: ") + cudaGetErrorString(err));
   return FA_OK;

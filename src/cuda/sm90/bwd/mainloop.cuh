@@ -200,9 +200,9 @@ __device__ __forceinline__ void release_stage(float (&dv)[K::kDvN / 2], float (&
 // A consumer warpgroup's walk: dK, dV accumulate over every query tile, then
 // the epilogue writes them. Drop: NoDropout or PhiloxDropout
 // (cuda/sm90/dropout.cuh; bwd/dropout.cuh applies it).
-template <class K, typename T, class Drop>
+template <class K, typename T, class Drop, class Walk>
 __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
-                                        const BwdSmem<K>& sm, int cw) {
+                                        const typename Walk::Tiles& tiles, const BwdSmem<K>& sm, int cw) {
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   ConsumerThread th;
   th.place<K>(cw);
@@ -221,8 +221,9 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     const int s = it % kStages;
     const uint32_t ph = (it / kStages) & 1;
     const int buf = it & 1;
-    const int h = cta.head(it);
-    const int q0 = cta.w.query_tile(it) * kBlockM;
+    int h, m;
+    Walk::step(tiles, cta, it, h, m);
+    const int q0 = m * kBlockM;
     // Dropout's keep bits while the stage's Q and dO load, before S^T and
     // dP^T are issued (their accumulators not live yet).
     TransposedKeep<K> keep;
@@ -319,7 +320,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   }
 
   dropout_scale_dv<K, Drop>(dv, p);
-  store_dk_dv<K, T>(dk, dv, p, cta, th, ws.row_d);
+  store_dk_dv<K, T>(dk, dv, p, cta, th, ws.row_d, nonfinite::pairs_of<K::kBlockM, K::kBlockN>(tiles));
 }
 
 }  // namespace flashattn::cuda::sm90

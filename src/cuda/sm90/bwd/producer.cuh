@@ -81,11 +81,12 @@ __device__ __forceinline__ void load_row_stats(const AttentionParams& p, const b
 // NOTES: the warp test is made here, not by the caller: there, lane's only
 // use would have been this call, and the compiler moved its computation past
 // the test (different SASS at d 256).
-template <class K>
+template <class K, class Walk>
 __device__ __forceinline__ void produce(const CUtensorMap* tma_q, const CUtensorMap* tma_do,
                                         const CUtensorMap* tma_k, const CUtensorMap* tma_v,
                                         const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
-                                        const BwdSmem<K>& sm, int warp, int lane, int bq, int row_q0) {
+                                        const typename Walk::Tiles& tiles, const BwdSmem<K>& sm, int warp, int lane,
+                                        int bq, int row_q0) {
   if (warp != 0 || cta.w.iters == 0) return;
   const int row_k = (cta.varlen ? static_cast<int>(cta.seq.row_k) : 0) + cta.w.k0;
   if (lane == 0) {
@@ -96,8 +97,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tma_q, const CUtensor
   for (int it = 0; it < cta.w.iters; ++it) {
     const int s = it % K::kStages;
     const uint32_t ph = (it / K::kStages) & 1;
-    const int h = cta.head(it);
-    const int q0 = cta.w.query_tile(it) * K::kBlockM;
+    int h, m;
+    Walk::step(tiles, cta, it, h, m);
+    const int q0 = m * K::kBlockM;
     mbar_wait(&sm.empty[s], ph ^ 1);
     if (lane == 0) load_query_tile<K>(tma_q, tma_do, sm, s, row_q0 + q0, h, bq);
     load_row_stats<K>(p, ws, cta, sm, s, q0, h, lane);

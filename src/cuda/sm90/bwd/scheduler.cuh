@@ -11,6 +11,7 @@
 #include "attention/mask.h"
 #include "core/layout.h"
 #include "core/params.h"
+#include "cuda/common/block_sparse.cuh"
 
 namespace flashattn::cuda::sm90 {
 
@@ -20,6 +21,7 @@ namespace flashattn::cuda::sm90 {
 struct KeyTileWork {
   int k0, kv_rows, m_begin, n_m, iters;  // iters = n_m * query heads of the group
   int m_rot;
+  int first;  // ListedQueryWalk: the key tile's first step in the list
   __device__ __forceinline__ int query_tile(int it) const {
     const int r = it % n_m + m_rot;
     return m_begin + (r >= n_m ? r - n_m : r);
@@ -53,14 +55,54 @@ struct BwdCta {
   __device__ __forceinline__ int head(int it) const { return hk * group + it / w.n_m; }
 };
 
+// Which (query head, query tile) steps a key tile walks, as a small policy
+// type of the kernel (launch.cuh picks one per call; every role walks the
+// same):
+//   DenseQueryWalk   every query tile of the element mask's range for every
+//                    query head of the group (the kernel without a block mask)
+//   ListedQueryWalk  the steps of a block mask listed for the key tile, built
+//                    on the host (BlockWalk::kGroupSteps: each a full tile,
+//                    inside the element mask's range); a key tile no query
+//                    tile lists walks none and writes dK = dV = 0
+// Walk::Tiles: the lists the kernel gets (kernel.cuh).
+struct DenseQueryWalk {
+  struct Tiles {};
+  static constexpr bool kListed = false;
+  __device__ __forceinline__ static void narrow(const AttentionParams&, const Tiles&, BwdCta&) {}
+  // Step it: query head h, query tile m.
+  __device__ __forceinline__ static void step(const Tiles&, const BwdCta& c, int it, int& h, int& m) {
+    h = c.head(it);
+    m = c.w.query_tile(it);
+  }
+};
+
+struct ListedQueryWalk {
+  using Tiles = BlockTiles;
+  static constexpr bool kListed = true;
+  // The key tile's steps: entries [first, first + iters) of its list row.
+  __device__ __forceinline__ static void narrow(const AttentionParams& p, const Tiles& tiles, BwdCta& c) {
+    const TileList& l = tiles.steps;
+    const int64_t r = (int64_t{c.b} * p.heads_kv + c.hk) * l.tiles + c.n_tile;
+    c.w.first = l.start[r];
+    c.w.iters = l.start[r + 1] - c.w.first;
+  }
+  // NOTES: the entry holds the query head itself, not its index in the group:
+  // hk * group held across the consumers' loop spilled 8 bytes at d 128.
+  __device__ __forceinline__ static void step(const Tiles& tiles, const BwdCta& c, int it, int& h, int& m) {
+    const int32_t entry = tiles.steps.entries[c.w.first + it];
+    h = entry >> kStepHeadShift;
+    m = entry & kStepTileMask;
+  }
+};
+
 // This CTA's work; false if its key tile lies past the sequence (the whole
 // CTA returns then, before any barrier). Deterministic mode dispatches the
 // highest key tile first (see dq.cuh's NOTES).
 // NOTES: filled in place, field by field, in the order the fields are known:
 // built as one aggregate after the exit test, it moved the read of
 // blockIdx.y there (different SASS).
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool bwd_cta(const AttentionParams& p, BwdCta& c) {
+template <int kBlockM, int kBlockN, class Walk = DenseQueryWalk>
+__device__ __forceinline__ bool bwd_cta(const AttentionParams& p, const typename Walk::Tiles& tiles, BwdCta& c) {
   c.n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   c.hk = blockIdx.y;
   c.b = blockIdx.z;
@@ -70,6 +112,7 @@ __device__ __forceinline__ bool bwd_cta(const AttentionParams& p, BwdCta& c) {
   c.w = key_tile_work<kBlockM, kBlockN>(p, c.mask, c.n_tile);
   c.group = p.group_size();
   c.varlen = p.is_varlen();
+  Walk::narrow(p, tiles, c);
   return true;
 }
 

@@ -117,20 +117,35 @@ __device__ __forceinline__ bool merge_split_part(const FwdArgs& a, const SplitSe
 // recomputed. A tile split along the keys is stored by the warp that merged
 // it (of any CTA): a warp visits one only where its own part's slot says it
 // merged it and found an Inf or NaN (a NaN m there, written by finish()).
-template <class K, typename T, bool kSplit>
-__device__ __noinline__ void fix_walk_rows(const AttentionParams& p, const FwdArgs& a, int row_off, int warp_slot) {
+// Walk: the kernel's (scheduler.cuh); a block mask's rows see only the pairs
+// its lists `blocks` hold.
+template <class K, typename T, bool kSplit, class Walk>
+__device__ __forceinline__ void fix_walk_rows_of(const AttentionParams& p, const FwdArgs& a,
+                                                 const typename Walk::Tiles& blocks, int row_off, int warp_slot) {
   for (int step = 0; step < a.num_steps; ++step) {
     TileWork w;
     SplitSegment seg;
-    if (!work_at<K::kBlockM, K::kBlockN, kSplit, K::kCache>(p, a, step, w, seg) || !w.valid) continue;
+    if (!work_at<K::kBlockM, K::kBlockN, kSplit, K::kCache, Walk>(p, a, blocks, step, w, seg) || !w.valid) continue;
     if (kSplit && seg.parts > 1) {
       const float4 ml = __ldcg(split_slot<K::kHeadDim>(a, seg, seg.part, warp_slot, 4 * K::kConsumers, 0) +
                                K::kHeadDim / 8 * 32);
       if (!isnan(ml.x)) continue;  // not merged here, or merged finite
     }
     const int row0 = w.m0 + row_off;
-    nonfinite::fix_out_rows<T>(p, w.b, w.h, row0, min(16, w.seq.seqlen_q - row0));
+    nonfinite::fix_out_rows<T>(p, nonfinite::pairs_of<K::kBlockM, K::kBlockN>(blocks), w.b, w.h, row0,
+                               min(16, w.seq.seqlen_q - row0));
   }
+}
+
+// Out of line, one per walk: the plain kernels' call takes no lists.
+template <class K, typename T, bool kSplit>
+__device__ __noinline__ void fix_walk_rows(const AttentionParams& p, const FwdArgs& a, int row_off, int warp_slot) {
+  fix_walk_rows_of<K, T, kSplit, DenseKeys>(p, a, DenseKeys::Tiles{}, row_off, warp_slot);
+}
+template <class K, typename T>
+__device__ __noinline__ void fix_listed_walk_rows(const AttentionParams& p, const FwdArgs& a, const BlockTiles& blocks,
+                                                  int row_off, int warp_slot) {
+  fix_walk_rows_of<K, T, false, ListedKeys>(p, a, blocks, row_off, warp_slot);
 }
 
 // NOTES: with kOTma (not varlen: a TMA box would spill into the next
@@ -188,10 +203,13 @@ struct Epilogue {
   // NOTES: at the end, not per tile: a call next to the tile's epilogue sat
   // inside the next tile's wgmma window with its S live (ptxas spilled up to
   // 634 bytes in the d64 kernels); here one barrier per warpgroup per CTA.
-  __device__ __forceinline__ void fix_after_walk(bool nonfinite) const {
+  template <class Walk>
+  __device__ __forceinline__ void fix_after_walk(bool nonfinite, const typename Walk::Tiles& blocks) const {
     if constexpr (!K::kCache) {
-      if (named_sync_or(K::kOBarrier0 + cw, 128, nonfinite))  // rare
-        fix_walk_rows<K, T, kSplit>(p, a, cw * 64 + warp * 16, cw * 4 + warp);
+      if (named_sync_or(K::kOBarrier0 + cw, 128, nonfinite)) {  // rare
+        if constexpr (Walk::kListed) fix_listed_walk_rows<K, T>(p, a, blocks, cw * 64 + warp * 16, cw * 4 + warp);
+        else fix_walk_rows<K, T, kSplit>(p, a, cw * 64 + warp * 16, cw * 4 + warp);
+      }
     }
   }
 

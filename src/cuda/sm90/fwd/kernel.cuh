@@ -31,14 +31,13 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh), chosen at launch.
-template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false, class Drop = NoDropout>
-__global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
-    forward_kernel(const __grid_constant__ CUtensorMap tma_q,
-                   const __grid_constant__ CUtensorMap tma_k,
-                   const __grid_constant__ CUtensorMap tma_v,
-                   const __grid_constant__ CUtensorMap tma_o,
-                   const __grid_constant__ AttentionParams p, const __grid_constant__ FwdArgs a) {
+// The kernel's body. Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh);
+// Walk: DenseKeys or ListedKeys (a block mask; scheduler.cuh) with its lists.
+template <class Tune, typename T, int C, int N, bool kSplit, bool kCache, class Drop, class Walk>
+__device__ __forceinline__ void forward_cta(const CUtensorMap& tma_q, const CUtensorMap& tma_k,
+                                            const CUtensorMap& tma_v, const CUtensorMap& tma_o,
+                                            const AttentionParams& p, const FwdArgs& a,
+                                            const typename Walk::Tiles& blocks) {
 #if FLASHATTN_SM90_DEVICE
   using K = FwdTraits<Tune, C, N, kCache>;
   extern __shared__ uint8_t smem_raw[];
@@ -70,17 +69,43 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
 
   if (wg == 0) {
     setmaxnreg_dec<K::kProducerRegs>();
-    if (threadIdx.x == 0) TmaProducer<K, T, kSplit>{&tma_q, &tma_k, &tma_v, p, a, sm}.run();
+    if (threadIdx.x == 0) TmaProducer<K, T, kSplit, Walk>{&tma_q, &tma_k, &tma_v, p, a, blocks, sm}.run();
   } else {
     setmaxnreg_inc<K::kConsumerRegs>();
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128;
     const Epilogue<K, T, kSplit> epi{&tma_o, p, a, sm.o_staging(cw), cw, tid, tid / 32, tid % 32};
-    Consumer<K, T, kSplit, Drop> consumer(p, a, sm, epi, cw, tid);
+    Consumer<K, T, kSplit, Drop, Walk> consumer(p, a, blocks, sm, epi, cw, tid);
     consumer.run();
-    epi.fix_after_walk(consumer.nonfinite);
+    epi.template fix_after_walk<Walk>(consumer.nonfinite, blocks);
   }
 #endif
+}
+
+// The kernel without a block mask, chosen at launch.
+template <class Tune, typename T, int C, int N, bool kSplit, bool kCache = false, class Drop = NoDropout>
+__global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                   const __grid_constant__ CUtensorMap tma_k,
+                   const __grid_constant__ CUtensorMap tma_v,
+                   const __grid_constant__ CUtensorMap tma_o,
+                   const __grid_constant__ AttentionParams p, const __grid_constant__ FwdArgs a) {
+  forward_cta<Tune, T, C, N, kSplit, kCache, Drop, DenseKeys>(tma_q, tma_k, tma_v, tma_o, p, a, DenseKeys::Tiles{});
+}
+
+// The kernel of a block mask: its lists on this kernel's tiles in `blocks`.
+// NOTES: a kernel of its own rather than a parameter of forward_kernel: the
+// lists in FwdArgs (32 more bytes of it) changed the plain kernels' SASS
+// (53-221 instructions rescheduled in each).
+template <class Tune, typename T, int C, int N>
+__global__ void __launch_bounds__(FwdTraits<Tune, C, N, false>::kThreads, 1)
+    block_sparse_forward_kernel(const __grid_constant__ CUtensorMap tma_q,
+                                const __grid_constant__ CUtensorMap tma_k,
+                                const __grid_constant__ CUtensorMap tma_v,
+                                const __grid_constant__ CUtensorMap tma_o,
+                                const __grid_constant__ AttentionParams p, const __grid_constant__ FwdArgs a,
+                                const __grid_constant__ BlockTiles blocks) {
+  forward_cta<Tune, T, C, N, false, false, NoDropout, ListedKeys>(tma_q, tma_k, tma_v, tma_o, p, a, blocks);
 }
 
 }  // namespace flashattn::cuda::sm90

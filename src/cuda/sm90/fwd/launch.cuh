@@ -12,6 +12,7 @@
 #include "core/layout.h"
 #include "core/numeric.h"
 #include "core/params.h"
+#include "cuda/common/block_tiles.h"
 #include "cuda/sm90/fwd/kernel.cuh"
 #include "cuda/sm90/fwd/launch.h"
 #include "cuda/sm90/tma.h"
@@ -45,6 +46,15 @@ cudaError_t launch_split_tail(const CUtensorMap& mq, const CUtensorMap& mk, cons
   if (err == cudaSuccess) return cudaSuccess;
   cudaGetLastError();
   kernel<<<grid, K::kThreads, K::kSmemBytes, config.stream>>>(mq, mk, mv, mo, p, a);
+  return cudaGetLastError();
+}
+
+// One launch of a main (not split-tail) kernel of shape K.
+template <class K, typename Kernel, typename... Args>
+cudaError_t launch_main(Kernel kernel, int grid, cudaStream_t stream, const Args&... args) {
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(args...);
   return cudaGetLastError();
 }
 
@@ -102,8 +112,8 @@ fa_status plan_forward(const AttentionParams& p, ForwardPlan& plan) {
   // tile's parts through the workspace.
   constexpr bool kHasSplitTail = Tune::kSplitTail && N == Tune::kLongBlockN;
   const int key_tiles = (p.seqlen_k + K::kBlockN - 1) / K::kBlockN;
-  // (Per-sequence key counts, seqused_k: tiles of unequal cost.)
-  const bool uniform = !p.has_mask() && !p.is_varlen() && p.seqused_k == nullptr;
+  // (Per-sequence key counts, seqused_k, and block masks: tiles of unequal cost.)
+  const bool uniform = !p.has_mask() && !p.is_varlen() && p.seqused_k == nullptr && !p.has_block_mask();
   a.tail = plan_split_tail(static_cast<int>(tiles), grid, key_tiles,
                            kHasSplitTail && uniform && p.seqlen_k >= kSplitTailMinKeys);
   a.part_o = nullptr;
@@ -140,8 +150,9 @@ fa_status make_kv_maps(CUtensorMap* mk, CUtensorMap* mv, const AttentionParams& 
 }
 
 // Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh); dropout never takes the
-// KV-cache route (api.cu's supports_forward).
-template <class Tune, typename T, int C, int N, class Drop>
+// KV-cache route (api.cu's supports_forward). Walk: DenseKeys, or ListedKeys
+// for a block mask (neither KV cache nor dropout: the API refuses both).
+template <class Tune, typename T, int C, int N, class Drop, class Walk = DenseKeys>
 fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   using K = FwdTraits<Tune, C, N>;
   constexpr int D = K::kHeadDim;
@@ -166,6 +177,13 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   if (plan.grid == 0) return FA_OK;
   FwdArgs& a = plan.a;
   a.pages = pages;
+  // A block mask's lists on this kernel's tiles, on the device until the
+  // launch has read them (freed stream-ordered, block_tiles.h).
+  BlockTileBuffer block_tiles;
+  if constexpr (Walk::kListed) {
+    FA_RETURN_IF_ERROR(block_tiles.build(p, K::kBlockM, K::kBlockN, BlockWalk::kForward, plan.grid));
+    a.num_steps = block_tiles.view().schedule.steps;  // (the schedule's, not the tile order's rounds)
+  }
   const int grid = plan.grid;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   // The split tail's workspace from the stream-ordered pool (reported by
@@ -184,15 +202,17 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
     }
   }
 
-  // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
-  auto kernel = forward_kernel<Tune, T, C, N, false, false, Drop>;
-  if constexpr (!Drop::kOn) {
-    if (p.seqused_k != nullptr) kernel = forward_kernel<Tune, T, C, N, false, true>;
-  }
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
-  if (err == cudaSuccess) {
-    kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mk, mv, mo, p, a);
-    err = cudaGetLastError();
+  cudaError_t err = cudaSuccess;
+  if constexpr (Walk::kListed) {
+    err = launch_main<K>(block_sparse_forward_kernel<Tune, T, C, N>, grid, stream, mq, mk, mv, mo, p, a,
+                         block_tiles.view());
+  } else {
+    // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
+    auto kernel = forward_kernel<Tune, T, C, N, false, false, Drop>;
+    if constexpr (!Drop::kOn) {
+      if (p.seqused_k != nullptr) kernel = forward_kernel<Tune, T, C, N, false, true>;
+    }
+    err = launch_main<K>(kernel, grid, stream, mq, mk, mv, mo, p, a);
   }
   if constexpr (Tune::kSplitTail && N == Tune::kLongBlockN) {
     if (err == cudaSuccess && a.tail.tiles > 0) err = launch_split_tail<Tune, T, C, N, Drop>(mq, mk, mv, mo, p, a, grid);
@@ -214,9 +234,11 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
 // visit_instantiation calls v.template run<Tune, C, N>() for the
 // instantiation a call of head dim D takes.
 // With dropout, kDropoutConsumers warpgroups (tuning.h).
+// A block mask: kBlockSparseConsumers warpgroups, kBlockN-key tiles.
 template <int D, class Visitor>
 fa_status visit_instantiation(const AttentionParams& p, Visitor& v, bool paged = false) {
   using Tune = ForwardTuning<D>;
+  if (p.has_block_mask()) return v.template run<Tune, kBlockSparseConsumers, Tune::kBlockN>();
   if constexpr (Tune::kDropoutConsumers != Tune::kConsumers) {
     if (p.has_dropout()) return v.template run<Tune, Tune::kDropoutConsumers, Tune::kBlockN>();
   }
@@ -243,6 +265,9 @@ struct LaunchVisitor {
   // kDropoutConsumers warpgroups): the plain kernel is the one before it.
   template <class Tune, int C, int N>
   fa_status run() const {
+    if constexpr (C == kBlockSparseConsumers && N == Tune::kBlockN) {
+      if (p.has_block_mask()) return launch_kernel<Tune, T, C, N, NoDropout, ListedKeys>(p, pages);
+    }
     if constexpr (C == Tune::kDropoutConsumers) {
       if (p.has_dropout()) return launch_kernel<Tune, T, C, N, PhiloxDropout>(p, pages);
     }

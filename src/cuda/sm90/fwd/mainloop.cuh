@@ -21,9 +21,11 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh).
-template <class K, typename T, bool kSplit, class Drop = NoDropout>
+// Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh); Walk: DenseKeys or
+// ListedKeys (scheduler.cuh).
+template <class K, typename T, bool kSplit, class Drop = NoDropout, class Walk = DenseKeys>
 struct Consumer {
+  static_assert(!(Walk::kListed && (K::kCache || Drop::kOn)), "block masks: no KV-cache or dropout instantiation");
   static constexpr int D = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN;
   static constexpr uint32_t kTurnThreads = 256;
   // A tile's last P V and the next tile's first S in one turn (traits.h).
@@ -31,6 +33,7 @@ struct Consumer {
 
   const AttentionParams& p;
   const FwdArgs& a;
+  const typename Walk::Tiles& blocks;
   const FwdSmem<K, T>& sm;
   const Epilogue<K, T, kSplit>& epi;
   const int cw, warp, lane;        // consumer warpgroup: query rows cw*64 .. cw*64+63 of the tile
@@ -52,9 +55,10 @@ struct Consumer {
   uint64_t* q_empty = nullptr;
   bool nonfinite = false;  // an epilogue of this warp stored an Inf or NaN (Epilogue::fix_after_walk)
 
-  __device__ __forceinline__ Consumer(const AttentionParams& p_, const FwdArgs& a_, const FwdSmem<K, T>& sm_,
+  __device__ __forceinline__ Consumer(const AttentionParams& p_, const FwdArgs& a_,
+                                      const typename Walk::Tiles& blocks_, const FwdSmem<K, T>& sm_,
                                       const Epilogue<K, T, kSplit>& epi_, int cw_, int tid)
-      : p(p_), a(a_), sm(sm_), epi(epi_), cw(cw_), warp(tid / 32), lane(tid % 32),
+      : p(p_), a(a_), blocks(blocks_), sm(sm_), epi(epi_), cw(cw_), warp(tid / 32), lane(tid % 32),
         my_turn(K::kTurnBarrier0 + cw_), other_turn(K::kTurnBarrier0 + (cw_ + 1) % K::kConsumers),
         q_desc0(make_smem_desc_sw128(smem_addr(sm_.q) + cw_ * 64 * 128, 16, 1024)),
         k_desc(make_smem_desc_sw128(smem_addr(sm_.k), 16, 1024)),
@@ -85,9 +89,10 @@ struct Consumer {
     for (int kt = 0; kt < kBlockN / 16; ++kt) WgmmaRS<D, T>::run(o, pa[kt], desc_v(s, kt), 1);
     wgmma_commit();
   }
-  // Softcap, ALiBi, mask and online softmax of sc for key tile n of tile t; the
-  // correction for O goes to corr.
-  __device__ __forceinline__ void softmax(const RowTile& t, int n) {
+  // Softcap, ALiBi, mask and online softmax of sc for key tile k.n of tile t;
+  // the correction for O goes to corr.
+  __device__ __forceinline__ void softmax(const RowTile& t, const typename Walk::Step& k) {
+    const int n = k.n;
     if (a.softcap_in != 0.0f) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) sc[i] = SoftcapScore::unscaled(sc[i], a.softcap_in);
@@ -95,6 +100,9 @@ struct Consumer {
     RowShift shift;
     if (p.has_alibi()) alibi_key_tile<kBlockN>(sc, shift, t, n, lane);
     mask_key_tile<kBlockN>(sc, t, n, lane);
+    if constexpr (Walk::kListed) {
+      if (k.partial) drop_unlisted_keys<kBlockN>(sc, p, blocks, t, n, lane);
+    }
     online_softmax(sc, m, l, corr, a.scale_log2, MufuExp2{}, shift);
   }
   // O *= exp(m_old - m_new), inside the turn: between issuing S = Q K^T and
@@ -169,7 +177,7 @@ struct Consumer {
   // The next valid tile from step `step` on (producer and consumers skip the same ones).
   __device__ __forceinline__ bool next_tile(int& step, RowTile& t) const {
     for (; step < a.num_steps; ++step) {
-      if (!work_at<kBlockM, kBlockN, kSplit, K::kCache>(p, a, step, t.w, t.seg)) continue;
+      if (!work_at<kBlockM, kBlockN, kSplit, K::kCache, Walk>(p, a, blocks, step, t.w, t.seg)) continue;
       if (!t.w.valid) continue;
       t.mask = mask_for(p, t.w.seq);
       t.row0 = t.w.m0 + cw * 64 + warp * 16 + lane / 4;
@@ -180,8 +188,9 @@ struct Consumer {
     return false;
   }
 
-  // S and P of the tile's first (highest) key tile n, in stage s.
-  __device__ __forceinline__ void first_key_tile(const RowTile& t, int n, int s, uint32_t ph) {
+  // S and P of the tile's first (highest) key tile k.n, in stage s.
+  __device__ __forceinline__ void first_key_tile(const RowTile& t, const typename Walk::Step& k, int s, uint32_t ph) {
+    const int n = k.n;
     claim_q();
     mbar_wait(&sm.full_k[s], ph);
     named_sync(my_turn, kTurnThreads);
@@ -191,17 +200,19 @@ struct Consumer {
     fence_operands(sc);
     release(&sm.empty_k[s]);
     if (n == t.w.n_begin) release(q_empty);
-    softmax(t, n);
+    softmax(t, k);
     convert_p(t, n);
   }
 
-  // Steady state, key tile n in stage s: S(n) runs on the tensor cores with
-  // P(n+1) V(n+1) (stage s_prev) while the softmax of n follows S's wait.
-  __device__ __forceinline__ void key_tile(const RowTile& t, int n, int s, uint32_t ph, int s_prev,
+  // Steady state, key tile n = k.n in stage s: S(n) runs on the tensor cores
+  // with P V of the tile walked before it (k.above, stage s_prev) while the
+  // softmax of n follows S's wait.
+  __device__ __forceinline__ void key_tile(const RowTile& t, const typename Walk::Step& k, int s, uint32_t ph, int s_prev,
                                            uint32_t ph_prev) {
+    const int n = k.n;
     mbar_wait(&sm.full_k[s], ph);
     mbar_wait(&sm.full_v[s_prev], ph_prev);
-    clear_v_past_keys(t, n + 1, s_prev);
+    clear_v_past_keys(t, Walk::above(k), s_prev);
     named_sync(my_turn, kTurnThreads);
     fence_operands(o);
     fence_operands(pa);
@@ -213,7 +224,7 @@ struct Consumer {
     fence_operands(sc);
     release(&sm.empty_k[s]);
     if (n == t.w.n_begin) release(q_empty);
-    softmax(t, n);
+    softmax(t, k);
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pa);
@@ -251,9 +262,10 @@ struct Consumer {
     fence_operands(sc);
     reset_rows();
     release(&sm.empty_k[s_next]);
-    if (nxt.w.n_end - 1 == nxt.w.n_begin) release(q_empty);
-    softmax(nxt, nxt.w.n_end - 1);
-    convert_p(nxt, nxt.w.n_end - 1);
+    const typename Walk::Step k = Walk::first(blocks, nxt.w);
+    if (k.n == nxt.w.n_begin) release(q_empty);
+    softmax(nxt, k);
+    convert_p(nxt, k.n);
   }
 
   // The last P V of a tile (stage s) alone.
@@ -287,17 +299,17 @@ struct Consumer {
       bool have_next = false;
       bool fused = false;  // this tile's last turn issued the next tile's first S
       if (w.n_end > w.n_begin) {
-        int n = w.n_end - 1;
+        typename Walk::Step k = Walk::first(blocks, w);
         int s = K::ring_stage(it);
         uint32_t ph = K::ring_phase(it);
-        if (!primed) first_key_tile(cur, n, s, ph);
-        for (--n; n >= w.n_begin; --n) {
+        if (!primed) first_key_tile(cur, k, s, ph);
+        for (Walk::advance(blocks, w, k); k.n >= w.n_begin; Walk::advance(blocks, w, k)) {
           const int s_prev = s;
           const uint32_t ph_prev = ph;
           ++it;
           s = K::ring_stage(it);
           ph = K::ring_phase(it);
-          key_tile(cur, n, s, ph, s_prev, ph_prev);
+          key_tile(cur, k, s, ph, s_prev, ph_prev);
         }
         if constexpr (kCrossTile) {
           have_next = next_tile(step_next, nxt);

@@ -13,13 +13,15 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class K, typename T, bool kSplit>
+// Walk: DenseKeys or ListedKeys (scheduler.cuh), the consumers' walk.
+template <class K, typename T, bool kSplit, class Walk = DenseKeys>
 struct TmaProducer {
   const CUtensorMap* tma_q;
   const CUtensorMap* tma_k;
   const CUtensorMap* tma_v;
   const AttentionParams& p;
   const FwdArgs& a;
+  const typename Walk::Tiles& blocks;
   const FwdSmem<K, T>& sm;
   int qt = 0;  // tiles with loads so far: Q buffer qt % kQStages
   int it = 0;  // key tiles loaded so far: ring stage it % kStages
@@ -27,6 +29,16 @@ struct TmaProducer {
   // What a tile's loads need, and no more (the producer runs on kProducerRegs registers).
   struct Loads {
     int row_q, row_k0, h, bq, n_begin, n_end;
+    int e_first, e_last;  // ListedKeys
+    // The key tiles' range and entries, as the walk reads them.
+    __device__ __forceinline__ TileWork tiles() const {
+      TileWork w;
+      w.n_begin = n_begin;
+      w.n_end = n_end;
+      w.e_first = e_first;
+      w.e_last = e_last;
+      return w;
+    }
   };
 
   // The next tile of this CTA's walk that has loads, from step `step` on
@@ -36,7 +48,7 @@ struct TmaProducer {
     for (; step < a.num_steps; ++step) {
       TileWork w;
       SplitSegment seg;
-      if (!work_at<K::kBlockM, K::kBlockN, kSplit, K::kCache>(p, a, step, w, seg)) continue;
+      if (!work_at<K::kBlockM, K::kBlockN, kSplit, K::kCache, Walk>(p, a, blocks, step, w, seg)) continue;
       if (!w.valid || w.n_end <= w.n_begin) continue;
       l.row_q = (varlen ? static_cast<int>(w.seq.row_q) : 0) + w.m0;
       l.row_k0 = varlen ? static_cast<int>(w.seq.row_k) : 0;
@@ -44,6 +56,8 @@ struct TmaProducer {
       l.bq = varlen ? 0 : w.b;
       l.n_begin = w.n_begin;
       l.n_end = w.n_end;
+      l.e_first = w.e_first;
+      l.e_last = w.e_last;
       return true;
     }
     return false;
@@ -135,10 +149,11 @@ struct TmaProducer {
       Loads wn;
       const bool have_next = next_tile(step_next, wn);
       const int hk = w.h / group;
+      const TileWork tiles = w.tiles();
       int loaded = 0;
-      for (int n = w.n_end - 1; n >= w.n_begin; --n, ++it) {
-        load_kv(true, it, n, w, hk);
-        if (n < w.n_end - 1) load_kv(false, it - 1, n + 1, w, hk);
+      for (typename Walk::Step k = Walk::first(blocks, tiles); k.n >= w.n_begin; Walk::advance(blocks, tiles, k), ++it) {
+        load_kv(true, it, k.n, w, hk);
+        if (Walk::has_above(tiles, k)) load_kv(false, it - 1, Walk::above(k), w, hk);
         if (++loaded == K::kQLead && have_next) issue_q(wn);
       }
       if (loaded > 0) load_kv(false, it - 1, w.n_begin, w, hk);

@@ -176,4 +176,56 @@ __device__ __forceinline__ void mask_key_tile(float (&s)[kBlockN / 2], const Row
   }
 }
 
+// A block mask's per-element test (ListedKeys), for key tiles it lists in
+// part: bit 2 i + e of the result is set when key col0 + 8 i + e (this lane's
+// keys of the tile) lies in a key block that `listed` (the bit row of one
+// query row's block, block_sparse.cuh's ListedBlocks) holds; keys from
+// seqlen_k on stay clear (the mask drops them anyway).
+// NOTES: a loop, not unrolled, stepping the key block as the column grows (no
+// division per key): it runs only on tiles listed in part, and the tile's S,
+// O and P are live around it.
+template <int kBlockN>
+__device__ __forceinline__ uint32_t listed_key_bits(const uint32_t* listed, int col0, int block_k, int seqlen_k) {
+  static_assert(kBlockN / 4 <= 32, "a lane's keys of one row in one word");
+  uint32_t bits = 0;
+  int kb = col0 / block_k;
+  int next = (kb + 1) * block_k;  // the first key of block kb + 1
+#pragma unroll 1
+  for (int c = 0; c < kBlockN / 4; ++c) {
+    const int col = col0 + 8 * (c >> 1) + (c & 1);
+    if (col >= seqlen_k) break;
+    while (col >= next) {
+      ++kb;
+      next += block_k;
+    }
+    bits |= ((listed[kb >> 5] >> (kb & 31)) & 1u) << c;
+  }
+  return bits;
+}
+
+// Key tile n listed in part by the block mask: scores of this thread's two
+// rows at keys of blocks the row's query block does not list -> -inf.
+template <int kBlockN>
+__device__ __forceinline__ void drop_unlisted_keys(float (&s)[kBlockN / 2], const AttentionParams& p,
+                                                   const BlockTiles& tiles, const RowTile& t, int n, int lane) {
+  const BlockMaskView& m = p.block_mask;
+  const int64_t list_row = BlockTiles::list_row(m, t.w.b, t.w.h);
+  const int col0 = n * kBlockN + 2 * (lane % 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = t.row0 + 8 * r;
+    // (Rows past the sequence are never stored.)
+    const uint32_t bits = row < t.rows_end ? listed_key_bits<kBlockN>(tiles.blocks.row_bits(m, list_row, row), col0,
+                                                                      m.block_k, t.w.seq.seqlen_k)
+                                           : ~0u;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (((bits >> (2 * i + e)) & 1u) == 0) s[4 * i + 2 * r + e] = -INFINITY;
+      }
+    }
+  }
+}
+
 }  // namespace flashattn::cuda::sm90

@@ -37,6 +37,12 @@ inline constexpr int kSplitTailMinKeys = 8192;
 // walked head by head so each head's K/V is read from DRAM about once.
 inline constexpr TileOrderPolicy kTileOrderRules = {true, true, true};
 
+// Block masks (ListedKeys, scheduler.cuh) run two consumers at every head dim:
+// 128-row query tiles, so FlexAttention's default 128 x 128 blocks map onto
+// whole tiles (at d 64 and 128, whose key tiles are 128 too) and every listed
+// tile is full, without the per-element test.
+inline constexpr int kBlockSparseConsumers = 2;
+
 template <int HeadDim>
 struct ForwardTuning;
 

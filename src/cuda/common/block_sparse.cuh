@@ -1,4 +1,4 @@
-// A block mask (fa_block_mask) as the sm80 kernels read it: the mask's
+// A block mask (fa_block_mask) as the CUDA kernels read it (sm80 and Hopper): the mask's
 // listed (query block, key block) pairs restated on a kernel's own tile grid
 // (tile_m query rows x tile_n keys, unrelated to block_q x block_k), built on
 // the host per call (block_tiles.h) and copied to device memory.
@@ -25,7 +25,7 @@
 #include "attention/block_mask.h"
 #include "attention/host_device.h"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 
 // An entry of a TileList: the tile index, with this bit set when every pair of
 // the tile is listed.
@@ -70,12 +70,49 @@ struct ListedBlocks {
   }
 };
 
+// Which (query, key) pairs a launch's block mask lists (the test of the
+// NaN/Inf fixes, common/nonfinite.cuh): the launch's key-tile lists on its
+// tiles (tile_m x tile_n) with their full flags, and the per-block bits for
+// the tiles listed in part.
+// NOTES: the bits exist only where some visited tile is partial
+// (block_tiles.cu's build_image); a full tile never reads them. The Hopper
+// backward's lists (kGroupSteps) have no bits: every tile it visits inside
+// the element mask is full; callers test the element mask first.
+struct ListedPairs {
+  TileList key_tiles;
+  ListedBlocks blocks;
+  int tile_m = 0, tile_n = 0;
+
+  FA_HOST_DEVICE bool listed(const BlockMaskView& m, int64_t row, int i, int j) const {
+    const int n = j / tile_n;
+    int first = 0, last = 0;
+    key_tiles.range(row, i / tile_m, n, n + 1, &first, &last);
+    if (first == last) return false;
+    return TileList::full(key_tiles.entries[first]) || ListedBlocks::listed(blocks.row_bits(m, row, i), j / m.block_k);
+  }
+};
+
+// A step of the Hopper backward's walk (BlockTiles::steps): query tile
+// (entry & kStepTileMask) of query head entry >> kStepHeadShift (below
+// kFullTile's bit: heads_q < 2^10, query tiles < 2^20).
+inline constexpr int kStepHeadShift = 20;
+inline constexpr int32_t kStepTileMask = (int32_t{1} << kStepHeadShift) - 1;
+
+// A persistent kernel's tile schedule (the Hopper forward's): step s of CTA c
+// takes tile tiles[s * grid + c] (bh * q_tiles + query tile), or none (-1).
+struct TileSchedule {
+  const int32_t* tiles = nullptr;
+  int steps = 0;  // steps of the longest CTA's walk
+};
+
 // What a kernel launch reads of the block mask (device memory; all null and
 // unread without one).
 struct BlockTiles {
   TileList key_tiles;    // per query tile, its visited key tiles (forward; deterministic backward)
   TileList query_tiles;  // per key tile, the query tiles that visit it (backward)
   ListedBlocks blocks;
+  TileSchedule schedule;  // built for a persistent launch only (BlockTileBuffer::build's grid)
+  TileList steps;         // kGroupSteps: per (sequence, kv head, key tile) its (query head, query tile) steps
 
   // The list row of (sequence b, query head h).
   FA_HOST_DEVICE static int64_t list_row(const BlockMaskView& m, int b, int h) {
@@ -132,4 +169,4 @@ struct ListedQueryTiles {
   }
 };
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda

@@ -1,6 +1,7 @@
-#include "cuda/sm80/block_tiles.h"
+#include "cuda/common/block_tiles.h"
 
 #include <algorithm>
+#include <utility>
 #include <climits>
 #include <memory>
 #include <mutex>
@@ -9,8 +10,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/layout.h"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 namespace {
 
 // The per-element bit table (ListedBlocks) is built only when a visited tile
@@ -132,6 +134,37 @@ HostTileList transpose(const HostTileList& by_query, int64_t rows, int64_t q_til
   return out;
 }
 
+// kGroupSteps: the transposed lists restated per (sequence b, kv head hk,
+// key tile n) as steps h << kStepHeadShift | m, query heads h of the group in
+// turn, each head's query tiles ascending inside [query_begin, query_end) of
+// the element mask (as the kernel's own range); false when one is not full.
+bool group_steps(const AttentionParams& p, const HostTileList& by_key, int tile_m, int tile_n, int k_tiles,
+                 HostTileList& out) {
+  const BlockMaskView& m = p.block_mask;
+  const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
+  const int group = p.group_size();
+  for (int b = 0; b < p.batch; ++b) {
+    for (int hk = 0; hk < p.heads_kv; ++hk) {
+      for (int n = 0; n < k_tiles; ++n) {
+        const int k0 = n * tile_n, k1 = std::min(p.seqlen_k, k0 + tile_n);
+        const int m_begin = mask.query_begin(k0) / tile_m;
+        const int m_end = (mask.query_end(k1) + tile_m - 1) / tile_m;
+        for (int g = 0; g < group; ++g) {
+          const int64_t r = BlockTiles::list_row(m, b, hk * group + g) * k_tiles + n;
+          for (int32_t e = by_key.start[r]; e < by_key.start[r + 1]; ++e) {
+            const int32_t q = TileList::index(by_key.entries[e]);
+            if (q < m_begin || q >= m_end) continue;
+            if (!TileList::full(by_key.entries[e])) return false;
+            out.entries.push_back((hk * group + g) << kStepHeadShift | q);
+          }
+        }
+        out.start.push_back(static_cast<int32_t>(out.entries.size()));
+      }
+    }
+  }
+  return true;
+}
+
 bool has_partial_tile(const std::vector<int32_t>& entries) {
   return std::any_of(entries.begin(), entries.end(), [](int32_t e) { return !TileList::full(e); });
 }
@@ -174,11 +207,12 @@ struct CacheKey {
   bool operator==(const CacheKey& o) const { return shape == o.shape && lists == o.lists; }
 };
 
-CacheKey cache_key(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk) {
+CacheKey cache_key(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, int grid) {
   const BlockMaskView& m = p.block_mask;
   CacheKey k;
-  k.shape = {p.device_index, tile_m, tile_n, static_cast<int>(walk), p.seqlen_q, p.seqlen_k,
-             m.block_q,      m.block_k, m.batch, m.heads, m.q_blocks, m.k_blocks};
+  k.shape = {p.device_index, tile_m,    tile_n,  static_cast<int>(walk), p.seqlen_q, p.seqlen_k, m.block_q,
+             m.block_k,      m.batch,   m.heads, m.q_blocks,             m.k_blocks, grid,       p.batch,
+             p.heads_q,      p.heads_kv, p.window_left, p.window_right};
   // Validation checked a contiguous last dimension: a row's entries are
   // consecutive ints.
   const auto for_each_row = [&](auto&& fn) {
@@ -253,19 +287,44 @@ constexpr size_t kMaxCachedBytes = size_t{64} << 20;
 
 // The host image of a launch's tile lists and where each part starts in it.
 struct Layout {
-  size_t kq_start = 0, kq_entries = 0, qk_start = 0, qk_entries = 0, bit_words = 0;
-  int q_tiles = 0, k_tiles = 0, words = 0;
-  bool backward = false, bits = false;
+  size_t kq_start = 0, kq_entries = 0, qk_start = 0, qk_entries = 0, bit_words = 0, schedule = 0;
+  size_t steps_start = 0, steps_entries = 0;
+  int q_tiles = 0, k_tiles = 0, words = 0, steps = 0;
+  bool backward = false, bits = false, group_steps = false;
 };
 
-fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, Image& img, Layout& at) {
+// kGroupSteps' part of the image (fixed-length calls; every step full).
+fa_status append_group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, Image& img,
+                             Layout& at) {
+  if (p.is_varlen()) return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps of a varlen call");
+  if (p.heads_q > kFullTile >> kStepHeadShift || tiles_of(p.seqlen_q, tile_m) > kStepTileMask) {
+    return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps past their bit fields");
+  }
+  HostTileList by_key;
+  by_key.start = lists.query_start;
+  by_key.entries = lists.query_entries;
+  HostTileList steps;
+  if (!group_steps(p, by_key, tile_m, tile_n, at.k_tiles, steps)) {
+    return fail(FA_ERROR_UNSUPPORTED, "block_mask: a visited tile not full on the kernel's tiles");
+  }
+  if (steps.entries.size() > static_cast<size_t>(INT32_MAX)) {
+    return fail(FA_ERROR_UNSUPPORTED, "block_mask: more than 2^31 steps in one call");
+  }
+  at.steps_start = img.append(steps.start);
+  at.steps_entries = img.append(steps.entries);
+  at.group_steps = true;
+  return FA_OK;
+}
+
+fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, int grid, Image& img,
+                      Layout& at) {
   const BlockMaskView& m = p.block_mask;
   const int64_t rows = int64_t{m.batch} * m.heads;
   HostTileLists lists;
   FA_RETURN_IF_ERROR(build_tile_lists(p, tile_m, tile_n, walk, &lists));
   const int words = static_cast<int>((m.k_blocks + 31) / 32);
   std::vector<uint32_t> bits;
-  if (has_partial_tile(lists.key_entries)) {
+  if (walk != BlockWalk::kGroupSteps && has_partial_tile(lists.key_entries)) {
     if (rows * m.q_blocks * words * 4 > kMaxBitTableBytes) {
       return fail(FA_ERROR_UNSUPPORTED, "block_mask: blocks of " + std::to_string(m.block_q) + " x " +
                                             std::to_string(m.block_k) + " over these lengths need a " +
@@ -280,9 +339,16 @@ fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWal
   at.qk_entries = img.append(lists.query_entries);
   at.bit_words = img.append(bits);
   at.q_tiles = static_cast<int>(tiles_of(p.seqlen_q, tile_m));
+  if (grid > 0) {
+    if (int64_t{p.batch} * p.heads_q * at.q_tiles > INT32_MAX) {
+      return fail(FA_ERROR_UNSUPPORTED, "block_mask: more than 2^31 query tiles in one call");
+    }
+    at.schedule = img.append(tile_schedule(p, lists, at.q_tiles, grid, &at.steps));
+  }
   at.k_tiles = static_cast<int>(tiles_of(p.seqlen_k, tile_n));
   at.words = words;
-  at.backward = walk == BlockWalk::kBackward;
+  at.backward = walk != BlockWalk::kForward;
+  if (walk == BlockWalk::kGroupSteps) FA_RETURN_IF_ERROR(append_group_steps(p, lists, tile_m, tile_n, img, at));
   at.bits = !bits.empty();
   return FA_OK;
 }
@@ -294,6 +360,8 @@ BlockTiles view_of(const Layout& at, const void* device) {
   v.key_tiles = {ints(at.kq_start), ints(at.kq_entries), at.q_tiles};
   if (at.backward) v.query_tiles = {ints(at.qk_start), ints(at.qk_entries), at.k_tiles};
   if (at.bits) v.blocks = {base + at.bit_words, at.words};
+  if (at.steps > 0) v.schedule = {ints(at.schedule), at.steps};
+  if (at.group_steps) v.steps = {ints(at.steps_start), ints(at.steps_entries), at.k_tiles};
   return v;
 }
 
@@ -305,13 +373,53 @@ fa_status allocation_error(size_t bytes, cudaError_t err) {
 
 }  // namespace
 
+// Longest processing time first: each tile, heaviest first, to the CTA with
+// the least work so far.
+// NOTES: with the plain persistent order (rank r to CTA r % grid) a CTA's
+// work is the sum of a few random list lengths: at density 0.1 (6 of 64 key
+// tiles a query tile, 8 tiles a CTA) the slowest CTA holds about a third more
+// than the mean. The element mask's range is not counted (varlen lengths are
+// device data): it orders the work, the kernels still walk only visible tiles.
+std::vector<int32_t> tile_schedule(const AttentionParams& p, const HostTileLists& lists, int q_tiles, int grid,
+                                   int* steps) {
+  const BlockMaskView& m = p.block_mask;
+  const int64_t tiles = int64_t{p.batch} * p.heads_q * q_tiles;
+  std::vector<std::pair<int64_t, int32_t>> by_cost(static_cast<size_t>(tiles));
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t bh = t / q_tiles;
+    const int b = static_cast<int>(bh / p.heads_q), h = static_cast<int>(bh % p.heads_q);
+    const int64_t r = BlockTiles::list_row(m, b, h) * q_tiles + t % q_tiles;
+    by_cost[t] = {lists.key_start[r + 1] - lists.key_start[r] + kScheduleTileCost, static_cast<int32_t>(t)};
+  }
+  std::stable_sort(by_cost.begin(), by_cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  // (load, cta) of every CTA, least loaded on top
+  std::vector<std::pair<int64_t, int32_t>> heap;
+  for (int c = 0; c < grid; ++c) heap.emplace_back(0, c);
+  std::vector<std::vector<int32_t>> per_cta(static_cast<size_t>(grid));
+  const auto more = [](const auto& a, const auto& b) { return a > b; };
+  for (const auto& [cost, t] : by_cost) {
+    std::pop_heap(heap.begin(), heap.end(), more);
+    heap.back().first += cost;
+    per_cta[heap.back().second].push_back(t);
+    std::push_heap(heap.begin(), heap.end(), more);
+  }
+  size_t longest = 0;
+  for (const auto& l : per_cta) longest = std::max(longest, l.size());
+  std::vector<int32_t> out(longest * grid, -1);
+  for (int c = 0; c < grid; ++c) {
+    for (size_t s = 0; s < per_cta[c].size(); ++s) out[s * grid + c] = per_cta[c][s];
+  }
+  *steps = static_cast<int>(longest);
+  return out;
+}
+
 fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, HostTileLists* out) {
   const BlockMaskView& m = p.block_mask;
   HostTileList by_query;
   if (!key_tile_lists(m, p.seqlen_q, p.seqlen_k, tile_m, tile_n, by_query)) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: more than 2^31 visited (query tile, key tile) pairs in one call");
   }
-  if (walk == BlockWalk::kBackward) {
+  if (walk != BlockWalk::kForward) {
     HostTileList by_key = transpose(by_query, int64_t{m.batch} * m.heads, tiles_of(p.seqlen_q, tile_m),
                                     tiles_of(p.seqlen_k, tile_n));
     out->query_start = std::move(by_key.start);
@@ -332,7 +440,7 @@ BlockTileBuffer::~BlockTileBuffer() {
   if (device_ != nullptr) cudaFreeAsync(device_, stream_);
 }
 
-fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk) {
+fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, int grid) {
   if (!p.has_block_mask()) return FA_OK;
   stream_ = static_cast<cudaStream_t>(p.stream);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -343,12 +451,12 @@ fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: the lists are copied to the device on every call, which a "
                                       "CUDA graph cannot capture (docs/variants.md)");
   }
-  CacheKey key = cache_key(p, tile_m, tile_n, walk);
+  CacheKey key = cache_key(p, tile_m, tile_n, walk, grid);
   cached_ = TileCache::instance().find(key, &view_);
   if (cached_ != nullptr) return FA_OK;
   Image img;
   Layout at;
-  FA_RETURN_IF_ERROR(build_image(p, tile_m, tile_n, walk, img, at));
+  FA_RETURN_IF_ERROR(build_image(p, tile_m, tile_n, walk, grid, img, at));
   const size_t bytes = img.words.size() * sizeof(uint32_t);
   const bool keep = bytes <= kMaxCachedBytes;
   void* device = nullptr;
@@ -367,4 +475,4 @@ fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_
   return FA_OK;
 }
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda

@@ -1,4 +1,4 @@
-// The host side of the sm80 kernels' block-sparse walk: a validated block
+// The host side of the CUDA kernels' block-sparse walk: a validated block
 // mask (p.block_mask, host lists) restated on one launch's tile grid
 // (block_sparse.cuh) and copied to device memory on p.stream.
 //
@@ -19,13 +19,17 @@
 #include <vector>
 
 #include "core/params.h"
-#include "cuda/sm80/block_sparse.cuh"
+#include "cuda/common/block_sparse.cuh"
 
-namespace flashattn::cuda::sm80 {
+namespace flashattn::cuda {
 
 // Which lists a launch walks: the forward per query tile; the backward per
-// key tile (and per query tile for the deterministic dQ order).
-enum class BlockWalk { kForward, kBackward };
+// key tile (and per query tile for the deterministic dQ order); kGroupSteps,
+// the Hopper backward's, per (sequence, kv head, key tile) the (query head of
+// the group, query tile) steps inside the element mask, every one of them a
+// full tile (FA_ERROR_UNSUPPORTED otherwise: that kernel has no per-element
+// block test), fixed-length calls only.
+enum class BlockWalk { kForward, kBackward, kGroupSteps };
 
 // One launch's tile lists on the host (block_sparse.cuh, TileList): per
 // (list row, query tile) the key tiles holding a listed pair, ascending, full
@@ -39,6 +43,17 @@ struct HostTileLists {
 // The lists of p's block mask for tiles of tile_m query rows x tile_n keys
 // (FA_ERROR_UNSUPPORTED past 2^31 entries).
 fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, HostTileLists* out);
+
+// The schedule of `grid` persistent CTAs over the call's batch x heads_q x
+// q_tiles query tiles (TileSchedule's layout: [steps][grid], -1 past a CTA's
+// last tile), balancing each CTA's work: a query tile's listed key tiles plus
+// kScheduleTileCost, each CTA's tiles heaviest first.
+// kScheduleTileCost: a tile's Q load and epilogue, in key tiles (the Hopper
+// forward's traced tile boundary at d 128 took ~6.0k cycles against a 3.5k
+// key-tile period, docs/performance.md section 4).
+inline constexpr int64_t kScheduleTileCost = 2;
+std::vector<int32_t> tile_schedule(const AttentionParams& p, const HostTileLists& lists, int q_tiles, int grid,
+                                   int* steps);
 
 // FA_ERROR_UNSUPPORTED (naming both) for a block mask with dropout: the sm80
 // walks and the dropout policy compose in the kernels' code, but neither
@@ -55,8 +70,9 @@ class BlockTileBuffer {
   ~BlockTileBuffer();
 
   // Builds and uploads the lists of p's block mask for tiles of tile_m query
-  // rows x tile_n keys; no-op without a block mask (view() stays null).
-  fa_status build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk);
+  // rows x tile_n keys; no-op without a block mask (view() stays null). With
+  // grid > 0 (kForward), also the tile schedule of `grid` persistent CTAs.
+  fa_status build(const AttentionParams& p, int tile_m, int tile_n, BlockWalk walk, int grid = 0);
   const BlockTiles& view() const { return view_; }
 
  private:
@@ -66,4 +82,4 @@ class BlockTileBuffer {
   cudaStream_t stream_ = nullptr;
 };
 
-}  // namespace flashattn::cuda::sm80
+}  // namespace flashattn::cuda
