@@ -325,8 +325,10 @@ __device__ __forceinline__ void recompute_dkdv_row(const AttentionParams& p, con
 }  // namespace detail
 
 // ---- The fixes the epilogues call (all lanes of each calling warp). ----
-// pairs: the launch's block mask (pairs_of); NoBlockMask overloads for the
-// kernels without one take no such argument (their call sites as before).
+// pairs: the launch's block mask (pairs_of; by value into the out-of-line
+// ones: a reference made the callers copy it to a stack frame); NoBlockMask
+// overloads for the kernels without one take no such argument (their call
+// sites as before).
 
 // Warp (after its stores are visible to it): out rows [row0, row0 + rows) of
 // sequence b, head h, those stored non-finite.
@@ -385,7 +387,7 @@ __device__ __forceinline__ void fix_dkdv_keys(const AttentionParams& p, const Li
 // CTA (after a barrier that follows its stores): dk / dv rows of keys
 // [k0, k0 + rows) of sequence b, KV head hk, those stored non-finite.
 template <typename T>
-__device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, const ListedPairs& pairs, const float* row_d,
+__device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, const ListedPairs pairs, const float* row_d,
                                            int b, int hk, int k0, int rows) {
   detail::fix_dkdv_keys<T>(p, pairs, row_d, b, hk, k0, rows, threadIdx.x / 32, blockDim.x / 32, kAllChunks);
 }
@@ -399,7 +401,7 @@ __device__ __noinline__ void fix_dkdv_tile(const AttentionParams& p, NoBlockMask
 // [key0, key0 + keys) of sequence b, KV head hk, those whose columns in
 // `chunks` were stored non-finite, recomputed there.
 template <typename T>
-__device__ __noinline__ void fix_dkdv_rows(const AttentionParams& p, const ListedPairs& pairs, const float* row_d,
+__device__ __noinline__ void fix_dkdv_rows(const AttentionParams& p, const ListedPairs pairs, const float* row_d,
                                            int b, int hk, int key0, int keys, uint32_t chunks) {
   detail::fix_dkdv_keys<T>(p, pairs, row_d, b, hk, key0, keys, 0, 1, chunks);
 }
