@@ -134,9 +134,11 @@ std::vector<NanCase> path_cases() {
   // (the backward only when every listed tile is whole on its tiles), at both
   // head-dim buckets. Causal over 384 x 384: rows 256..299 share the tile of
   // key 300 (Inf in V) without seeing it, so their stores come out NaN and are
-  // recomputed, and the lists make those rows skip a block they would see
-  // causally (key block 1 for head 0, 0 for head 1): the recompute must honour
-  // the launch's lists. K NaN at key 140: only rows that list key block 1.
+  // recomputed; head 0's lists make them skip key block 1, which they see
+  // causally, so the recompute must honour the launch's lists (the reference
+  // keeps them finite). K NaN at key 140 reaches only the rows whose lists
+  // hold key block 1 (all of head 1's query block 2, none of head 0's): 200
+  // and 244 non-finite rows of 384 in the reference.
   for (auto [dt, d] : {std::pair{FA_BF16, 64}, std::pair{FA_F16, 128}}) {
     add(v_inf, std::string("block_mask_whole_tiles_v_inf_") + fa_dtype_name(dt) + "_d" + std::to_string(d),
         [&](NanCase& nc) {
