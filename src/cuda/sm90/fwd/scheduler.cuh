@@ -45,10 +45,8 @@ struct ListedStep {
 //               query tile (its Tiles, cuda/common/block_sparse.cuh): a tile
 //               in no list is neither loaded nor computed, and a tile listed
 //               in part is masked per element (softmax.cuh)
-// Walk::Tiles is a kernel parameter of its own (empty for DenseKeys).
-// NOTES: the lists in FwdArgs instead (32 more bytes of it) changed the
-// plain kernels' SASS (ptxas rescheduled 53-221 instructions of each):
-// a parameter after the others leaves them as they were.
+// Walk::Tiles: the lists block_sparse_forward_kernel gets (kernel.cuh says
+// why it is a kernel of its own); empty for DenseKeys.
 struct DenseKeys {
   struct Tiles {};
   using Step = DenseStep;
