@@ -248,33 +248,43 @@ class TileCache {
     static TileCache* cache = new TileCache;
     return *cache;
   }
-  std::shared_ptr<void> find(const CacheKey& key, BlockTiles* view) {
+  // A kept launch's lists, or why they could not be built (`declined`: a
+  // kGroupSteps build the Hopper backward cannot run, so that each later call
+  // with the mask goes to the sm80 kernel without building them again).
+  struct Hit {
+    bool found = false;
+    std::shared_ptr<void> buffer;
+    BlockTiles view;
+    std::string declined;
+  };
+  Hit find(const CacheKey& key) {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (Entry& e : entries_) {
       if (e.key == key) {
         e.last_use = ++clock_;
-        *view = e.view;
-        return e.buffer;
+        return {true, e.buffer, e.view, e.declined};
       }
     }
-    return nullptr;
+    return {};
   }
-  void insert(CacheKey key, std::shared_ptr<void> buffer, const BlockTiles& view) {
+  void insert(CacheKey key, std::shared_ptr<void> buffer, const BlockTiles& view, std::string declined = {}) {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (entries_.size() == kEntries) {
       entries_.erase(std::min_element(entries_.begin(), entries_.end(),
                                       [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; }));
     }
-    entries_.push_back({std::move(key), std::move(buffer), view, ++clock_});
+    entries_.push_back({std::move(key), std::move(buffer), view, std::move(declined), ++clock_});
   }
 
  private:
-  // A forward and a backward (two tile shapes) of a few masks.
-  static constexpr size_t kEntries = 8;
+  // A few masks' forward and backward lists (on Hopper up to three a mask:
+  // the forward's, the backward's steps, the sm80 backward's when declined).
+  static constexpr size_t kEntries = 12;
   struct Entry {
     CacheKey key;
     std::shared_ptr<void> buffer;
     BlockTiles view;
+    std::string declined;
     uint64_t last_use;
   };
   std::mutex mutex_;
@@ -452,11 +462,21 @@ fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_
                                       "CUDA graph cannot capture (docs/variants.md)");
   }
   CacheKey key = cache_key(p, tile_m, tile_n, walk, grid);
-  cached_ = TileCache::instance().find(key, &view_);
-  if (cached_ != nullptr) return FA_OK;
+  const TileCache::Hit hit = TileCache::instance().find(key);
+  if (hit.found) {
+    if (!hit.declined.empty()) return fail(FA_ERROR_UNSUPPORTED, hit.declined);
+    cached_ = hit.buffer;
+    view_ = hit.view;
+    return FA_OK;
+  }
   Image img;
   Layout at;
-  FA_RETURN_IF_ERROR(build_image(p, tile_m, tile_n, walk, grid, img, at));
+  if (const fa_status s = build_image(p, tile_m, tile_n, walk, grid, img, at); s != FA_OK) {
+    if (s == FA_ERROR_UNSUPPORTED && walk == BlockWalk::kGroupSteps) {
+      TileCache::instance().insert(std::move(key), nullptr, {}, last_error());
+    }
+    return s;
+  }
   const size_t bytes = img.words.size() * sizeof(uint32_t);
   const bool keep = bytes <= kMaxCachedBytes;
   void* device = nullptr;

@@ -65,7 +65,9 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     FA_RETURN_IF_ERROR(steps.build(p, K::kBlockM, K::kBlockN, BlockWalk::kGroupSteps));
     auto kernel = block_sparse_backward_kernel<D, T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
-    if (err == cudaSuccess) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws, steps.view());
+    if (err == cudaSuccess) {
+      kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws, steps.view());
+    }
   } else {
     // Dropout runs its own instantiation: the plain kernel is the one before it.
     auto kernel = p.has_dropout() ? backward_kernel<D, T, PhiloxDropout> : backward_kernel<D, T>;

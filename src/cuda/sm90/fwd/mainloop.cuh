@@ -205,10 +205,10 @@ struct Consumer {
   }
 
   // Steady state, key tile n = k.n in stage s: S(n) runs on the tensor cores
-  // with P V of the tile walked before it (k.above, stage s_prev) while the
+  // with P V of the tile walked before it (Walk::above(k), stage s_prev) while the
   // softmax of n follows S's wait.
-  __device__ __forceinline__ void key_tile(const RowTile& t, const typename Walk::Step& k, int s, uint32_t ph, int s_prev,
-                                           uint32_t ph_prev) {
+  __device__ __forceinline__ void key_tile(const RowTile& t, const typename Walk::Step& k, int s, uint32_t ph,
+                                           int s_prev, uint32_t ph_prev) {
     const int n = k.n;
     mbar_wait(&sm.full_k[s], ph);
     mbar_wait(&sm.full_v[s_prev], ph_prev);

@@ -151,7 +151,8 @@ struct TmaProducer {
       const int hk = w.h / group;
       const TileWork tiles = w.tiles();
       int loaded = 0;
-      for (typename Walk::Step k = Walk::first(blocks, tiles); k.n >= w.n_begin; Walk::advance(blocks, tiles, k), ++it) {
+      for (typename Walk::Step k = Walk::first(blocks, tiles); k.n >= w.n_begin;
+           Walk::advance(blocks, tiles, k), ++it) {
         load_kv(true, it, k.n, w, hk);
         if (Walk::has_above(tiles, k)) load_kv(false, it - 1, Walk::above(k), w, hk);
         if (++loaded == K::kQLead && have_next) issue_q(wn);

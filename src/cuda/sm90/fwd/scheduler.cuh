@@ -45,10 +45,8 @@ struct ListedStep {
 //               query tile (its Tiles, cuda/common/block_sparse.cuh): a tile
 //               in no list is neither loaded nor computed, and a tile listed
 //               in part is masked per element (softmax.cuh)
-// Walk::Tiles is a kernel parameter of its own (empty for DenseKeys).
-// NOTES: the lists in FwdArgs instead (32 more bytes of it) changed the
-// plain kernels' SASS (ptxas rescheduled 53-221 instructions of each):
-// a parameter after the others leaves them as they were.
+// Walk::Tiles: the lists block_sparse_forward_kernel gets (kernel.cuh says
+// why it is a kernel of its own); empty for DenseKeys.
 struct DenseKeys {
   struct Tiles {};
   using Step = DenseStep;
@@ -70,12 +68,23 @@ struct ListedKeys {
   using Tiles = BlockTiles;
   using Step = ListedStep;
   static constexpr bool kListed = true;
-  // The query tile's entries among the element mask's key tiles.
+  // The query tile's entries among the element mask's key tiles: its whole
+  // list, cut at both ends to the mask's range.
+  // NOTES: each end is searched only when it lies outside the range: every
+  // consumer thread and the producer narrow each tile on the way from one
+  // tile to the next, a binary search is a chain of ~log2(entries) dependent
+  // loads, and the ends rarely lie outside (lists usually hold the element
+  // mask's own blocks): then it costs the two end loads.
   template <int kBlockM>
   __device__ __forceinline__ static void narrow(const AttentionParams& p, const Tiles& tiles, TileWork& w) {
     const TileList& list = tiles.key_tiles;
-    list.range(BlockTiles::list_row(p.block_mask, w.b, w.h), w.m0 / kBlockM, w.n_begin, w.n_end, &w.e_first,
-               &w.e_last);
+    const int64_t r = BlockTiles::list_row(p.block_mask, w.b, w.h) * list.tiles + w.m0 / kBlockM;
+    w.e_first = list.start[r];
+    w.e_last = list.start[r + 1];
+    if (w.e_last > w.e_first && TileList::index(list.entries[w.e_last - 1]) >= w.n_end)
+      w.e_last = list.lower_bound(w.e_first, w.e_last, w.n_end);
+    if (w.e_first < w.e_last && TileList::index(list.entries[w.e_first]) < w.n_begin)
+      w.e_first = list.lower_bound(w.e_first, w.e_last, w.n_begin);
     if (w.e_first < w.e_last) {
       w.n_begin = TileList::index(list.entries[w.e_first]);
       w.n_end = TileList::index(list.entries[w.e_last - 1]) + 1;
