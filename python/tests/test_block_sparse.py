@@ -335,8 +335,9 @@ def _bf16_error_bound(torch, q, k, v, visible, got, dout):
 def test_cuda_create_block_mask(kind, block, monkeypatch):
     """A BlockMask built on the GPU (create_block_mask(device="cuda")) on CUDA tensors:
     values and gradients within the bf16 tolerance of float64 autograd; the causal and
-    sliding-window masks equal the dense sm80 call bitwise (forward; block masks run
-    the sm80 kernels, so the dense call is routed there too)."""
+    sliding-window masks equal the dense call bitwise (forward, on the default path: the
+    Hopper kernel's two-consumer 128-key instantiation on an H100, sm80's elsewhere; and
+    on the sm80 kernels)."""
     torch, flex = _cuda_torch()
     n, window = 448, 100
     # documents starting on block boundaries (of 128 and of 32 x 64)
@@ -359,6 +360,10 @@ def test_cuda_create_block_mask(kind, block, monkeypatch):
     j = torch.arange(n, device="cuda")[None, :]
     _bf16_error_bound(torch, q, k, v, mask_mod(0, 0, i, j), got, dout)
     if kind != "documents":
-        monkeypatch.setenv("FLASHATTN_DISABLE_SM90", "1")
         dense = flashattn.flash_attn_func(q, k, v, causal=True, window_size=window_size)
         assert torch.equal(out, dense)
+        monkeypatch.setenv("FLASHATTN_DISABLE_SM90", "1")
+        with torch.no_grad():
+            sparse80 = flashattn.flash_attn_func(q, k, v, causal=True, window_size=window_size, block_mask=bm)
+            dense80 = flashattn.flash_attn_func(q, k, v, causal=True, window_size=window_size)
+        assert torch.equal(sparse80, dense80)
