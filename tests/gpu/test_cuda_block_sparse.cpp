@@ -55,6 +55,14 @@ void expect_cuda_forward_matches(const Case& c) {
   expect_forward_matches(p, r.out, r.lse);
 }
 
+// One CUDA forward and backward of c, the gradients against the float64 reference.
+void expect_cuda_backward_matches(const Case& c) {
+  const Problem p = make_problem(c);
+  VariantRun r;
+  ASSERT_TRUE(run_cuda(p, true, r));
+  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+}
+
 class CudaBlockSparse : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaBlockSparse, ForwardMatchesFloat64Reference) {
@@ -64,10 +72,7 @@ TEST_P(CudaBlockSparse, ForwardMatchesFloat64Reference) {
 
 TEST_P(CudaBlockSparse, BackwardMatchesFloat64Reference) {
   FA_REQUIRE_GPU();
-  const Problem p = make_problem(GetParam());
-  VariantRun r;
-  ASSERT_TRUE(run_cuda(p, true, r));
-  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+  expect_cuda_backward_matches(GetParam());
 }
 
 // FLASHATTN_DISABLE_SM90 (read on every call): the sm80 kernels run.
@@ -128,10 +133,7 @@ TEST_P(CudaBlockSparseWalk, ForwardMatchesFloat64Reference) {
 
 TEST_P(CudaBlockSparseWalk, BackwardMatchesFloat64Reference) {
   FA_REQUIRE_GPU();
-  const Problem p = make_problem(GetParam());
-  VariantRun r;
-  ASSERT_TRUE(run_cuda(p, true, r));
-  expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+  expect_cuda_backward_matches(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Hopper, CudaBlockSparseWalk, ::testing::ValuesIn(hopper_walk_cases()),

@@ -138,7 +138,7 @@ HostTileList transpose(const HostTileList& by_query, int64_t rows, int64_t q_til
 // key tile n) as steps h << kStepHeadShift | m, query heads h of the group in
 // turn, each head's query tiles ascending inside [query_begin, query_end) of
 // the element mask (as the kernel's own range); false when one is not full.
-bool group_steps(const AttentionParams& p, const HostTileList& by_key, int tile_m, int tile_n, int k_tiles,
+bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, int k_tiles,
                  HostTileList& out) {
   const BlockMaskView& m = p.block_mask;
   const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
@@ -151,10 +151,10 @@ bool group_steps(const AttentionParams& p, const HostTileList& by_key, int tile_
         const int m_end = (mask.query_end(k1) + tile_m - 1) / tile_m;
         for (int g = 0; g < group; ++g) {
           const int64_t r = BlockTiles::list_row(m, b, hk * group + g) * k_tiles + n;
-          for (int32_t e = by_key.start[r]; e < by_key.start[r + 1]; ++e) {
-            const int32_t q = TileList::index(by_key.entries[e]);
+          for (int32_t e = lists.query_start[r]; e < lists.query_start[r + 1]; ++e) {
+            const int32_t q = TileList::index(lists.query_entries[e]);
             if (q < m_begin || q >= m_end) continue;
-            if (!TileList::full(by_key.entries[e])) return false;
+            if (!TileList::full(lists.query_entries[e])) return false;
             out.entries.push_back((hk * group + g) << kStepHeadShift | q);
           }
         }
@@ -310,11 +310,8 @@ fa_status append_group_steps(const AttentionParams& p, const HostTileLists& list
   if (p.heads_q > kFullTile >> kStepHeadShift || tiles_of(p.seqlen_q, tile_m) > kStepTileMask) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps past their bit fields");
   }
-  HostTileList by_key;
-  by_key.start = lists.query_start;
-  by_key.entries = lists.query_entries;
   HostTileList steps;
-  if (!group_steps(p, by_key, tile_m, tile_n, at.k_tiles, steps)) {
+  if (!group_steps(p, lists, tile_m, tile_n, at.k_tiles, steps)) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: a visited tile not full on the kernel's tiles");
   }
   if (steps.entries.size() > static_cast<size_t>(INT32_MAX)) {
