@@ -2,10 +2,12 @@
 // argument checks: bad indices are clear errors and never touch the cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "common/kvcache_harness.h"
+#include "common/nan_semantics.h"
 #include "core/dtype.h"
 #include "flashattn/flashattn.hpp"
 
@@ -51,6 +53,27 @@ INSTANTIATE_TEST_SUITE_P(ExtrasBf16, CpuKvCache, ::testing::ValuesIn(kvcache_ext
                          [](const auto& info) { return info.param.name(); });
 INSTANTIATE_TEST_SUITE_P(ExtrasF32, CpuKvCache, ::testing::ValuesIn(kvcache_extras_suite(FA_F32)),
                          [](const auto& info) { return info.param.name(); });
+
+// NaN/Inf planted in q and the caches reach exactly the rows the reference
+// says (tests/common/nan_semantics.h).
+class CpuKvCacheNan : public ::testing::TestWithParam<KvNanCase> {};
+
+TEST_P(CpuKvCacheNan, PlantedValuesReachExactlyTheirRows) {
+  const KvProblem p = make_kv_nan_problem(GetParam());
+  // The plants land where the cases say: some outputs NaN, most not.
+  const std::vector<double>& exact = expected_kvcache(p).exact.attention.out;
+  const auto nans = std::count_if(exact.begin(), exact.end(), [](double x) { return std::isnan(x); });
+  EXPECT_GT(nans, 0);
+  EXPECT_LT(nans, static_cast<long>(exact.size()) / 4);
+  const CpuCall r = run_cpu(p);
+  ASSERT_EQ(r.status, FA_OK) << fa_last_error();
+  EXPECT_TRUE(kvcache_semantics_match(p, r.out, r.lse, r.k_cache, r.v_cache));
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16, CpuKvCacheNan, ::testing::ValuesIn(kvcache_nan_cases(FA_BF16)),
+                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(F32, CpuKvCacheNan, ::testing::ValuesIn(kvcache_nan_cases(FA_F32)),
+                         [](const auto& info) { return info.param.name; });
 
 // ALiBi and sinks change the answer (the suite above would pass a call that
 // ignored them only if the reference ignored them too).

@@ -15,7 +15,8 @@ BlockMask would be copied to the host on every call). Times: per call, --repeats
 back to back between two CUDA events (median of three batches, after --warmup calls);
 the backward is fwd+bwd minus fwd; "host ms" is the time the host spends in one
 forward call (the library's list handling and launch, Python included). TFLOP/s are counted on the visited blocks (4 * pairs * d forward, 2.5 times that
-backward), the dense call's on every pair.
+backward), the dense call's on every pair. A second table gives the same calls' kernel
+time (the CUDA profiler's summed kernel and copy durations per call, host gaps left out).
 """
 
 import argparse
@@ -80,6 +81,20 @@ def time_ms(fn, warmup, repeats):
     return statistics.median(batches)
 
 
+def kernel_ms(fn, warmup, repeats):
+    """GPU time per call with the host's gaps left out: the summed durations of the kernels
+    (and copies) `repeats` calls ran, from the CUDA profiler (CUPTI), per call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / repeats / 1e3
+
+
 def host_ms(fn, repeats):
     """Median time the host spends in one call (the GPU idle before it: synchronized)."""
     times = []
@@ -92,7 +107,8 @@ def host_ms(fn, repeats):
     return statistics.median(times)
 
 
-def fwd_and_fb(call, inputs, dout, warmup, repeats):
+def fwd_and_fb(call, inputs, dout, warmup, repeats, timer=time_ms):
+    """The forward's time and the forward + backward's, by `timer` (time_ms or kernel_ms)."""
     def fwd():
         with torch.no_grad():
             call(*inputs)
@@ -101,7 +117,7 @@ def fwd_and_fb(call, inputs, dout, warmup, repeats):
         out = call(*inputs)
         out.backward(dout)
 
-    return time_ms(fwd, warmup, repeats), time_ms(fb, warmup, repeats)
+    return timer(fwd, warmup, repeats), timer(fb, warmup, repeats)
 
 
 def main():
@@ -146,9 +162,13 @@ def main():
               f"causal: fwd {cf:.3f} ms, bwd {cfb - cf:.3f} ms")
         if label == "default path" or sm80_only:
             dense_f, dense_fb = f, fb  # the ratios' dense call
+            dense_kf, dense_kfb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c), (q, k, v),
+                                             dout, args.warmup, args.repeats, kernel_ms)
+            print(f"dense {label} kernel time: fwd {dense_kf:.3f} ms, bwd {dense_kfb - dense_kf:.3f} ms")
     os.environ["FLASHATTN_DISABLE_SM90"] = "1" if sm80_only else "0"
     print("mask | visited | flashattn fwd ms (TFLOP/s, vs dense) | bwd ms (TFLOP/s, vs dense) | "
           "flex fwd ms | flex bwd ms | speedup fwd / bwd | flashattn host ms per fwd call")
+    kernel_rows = []
     for name, is_causal, bm in masks:
         pairs = visited_pairs(bm, h)
         hm = host_mask(bm)
@@ -164,6 +184,18 @@ def main():
         print(f"{name} | {pairs / all_pairs:.3f} | {fa_f:.3f} ({ff:.0f}, {ff / tf(all_pairs, dense_f, 1):.2f}) | "
               f"{fa_b:.3f} ({fb:.0f}, {fb / tf(all_pairs, dense_fb - dense_f, 2.5):.2f}) | {fl_f:.3f} | {fl_b:.3f} | "
               f"{fl_f / fa_f:.2f} / {fl_b / fa_b:.2f} | {fa_host:.3f}", flush=True)
+        ka_f, ka_fb = fwd_and_fb(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=is_causal, block_mask=hm),
+                                 (q, k, v), dout, args.warmup, args.repeats, kernel_ms)
+        kl_f, kl_fb = fwd_and_fb(lambda a, b, c: flex_compiled(a, b, c, block_mask=bm), (qf, kf, vf), doutf,
+                                 args.warmup, args.repeats, kernel_ms)
+        kernel_rows.append((name, pairs, ka_f, ka_fb - ka_f, kl_f, kl_fb - kl_f))
+    print("kernel time (CUDA profiler, host gaps left out): mask | flashattn fwd ms (TFLOP/s, vs dense) | "
+          "bwd ms (TFLOP/s, vs dense) | flex fwd / bwd ms | speedup fwd / bwd")
+    for name, pairs, ka_f, ka_b, kl_f, kl_b in kernel_rows:
+        ff, fb = tf(pairs, ka_f, 1), tf(pairs, ka_b, 2.5)
+        print(f"{name} | {ka_f:.3f} ({ff:.0f}, {ff / tf(all_pairs, dense_kf, 1):.2f}) | "
+              f"{ka_b:.3f} ({fb:.0f}, {fb / tf(all_pairs, dense_kfb - dense_kf, 2.5):.2f}) | "
+              f"{kl_f:.3f} / {kl_b:.3f} | {kl_f / ka_f:.2f} / {kl_b / ka_b:.2f}", flush=True)
 
 
 if __name__ == "__main__":

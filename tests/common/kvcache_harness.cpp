@@ -282,11 +282,11 @@ KvExpected expected_kvcache(const KvProblem& p) {
 ::testing::AssertionResult kvcache_call_matches(const KvProblem& p, const KvExpected& e,
                                                 const HostTensor& out, const HostTensor& lse,
                                                 const HostTensor& k_after,
-                                                const HostTensor& v_after) {
+                                                const HostTensor& v_after, bool nan_exact) {
   const Comparison co = compare_rows(out, e.exact.attention.out, e.naive.attention.out,
-                                     default_atol(p.c.dtype));
+                                     default_atol(p.c.dtype), nan_exact);
   if (!co.ok) return ::testing::AssertionFailure() << co.describe("out");
-  const Comparison cl = compare_lse(lse, e.exact.attention.lse, e.naive.attention.lse, 1e-4);
+  const Comparison cl = compare_lse(lse, e.exact.attention.lse, e.naive.attention.lse, 1e-4, nan_exact);
   if (!cl.ok) return ::testing::AssertionFailure() << cl.describe("lse");
   auto k_ok = cache_matches(p, p.k_cache, k_after, false, e);
   if (!k_ok) return k_ok;

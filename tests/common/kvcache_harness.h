@@ -75,10 +75,11 @@ KvExpected expected_kvcache(const KvProblem& p);
 
 // out and lse against the reference, and the caches after the call: appended
 // slots hold the new (rotated) tokens, every other element is unchanged.
+// nan_exact: out and lse must be NaN exactly where the reference is (compare_rows).
 ::testing::AssertionResult kvcache_call_matches(const KvProblem& p, const KvExpected& e,
                                                 const HostTensor& out, const HostTensor& lse,
                                                 const HostTensor& k_after,
-                                                const HostTensor& v_after);
+                                                const HostTensor& v_after, bool nan_exact = false);
 
 // The cases the issue lists (lengths, pages, GQA, head dims, options, rotary).
 std::vector<KvCase> kvcache_suite(fa_dtype dtype);

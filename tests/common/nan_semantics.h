@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "common/harness.h"
+#include "common/kvcache_harness.h"
+#include "core/kvcache.h"
 
 namespace flashattn::testing {
 
@@ -124,6 +126,113 @@ inline void expect_forward_semantics(const Problem& p, const HostTensor& out, co
 inline void expect_backward_semantics(const Problem& p, const HostTensor& dq, const HostTensor& dk,
                                       const HostTensor& dv) {
   expect_gradients_match(p, dq, dk, dv, true);
+}
+
+// ---- Against a KV cache (fa_forward_kvcache): the same rules ----
+
+// Element (sequence b's key j, KV head hk, column col) of the K or V cache
+// (a cached token: j < the sequence's cache length), or of q (row b *
+// seqlen_q + i, head h).
+struct KvPlant {
+  Operand operand;  // kQ, kK or kV
+  int b;
+  int index;  // key j, or query position i
+  int head;
+  int col;
+  float value;
+};
+
+struct KvNanCase {
+  std::string name;
+  KvCase c;
+  std::vector<KvPlant> plants;
+};
+
+inline void PrintTo(const KvNanCase& c, std::ostream* os) { *os << c.name; }
+
+inline KvProblem make_kv_nan_problem(const KvNanCase& nc) {
+  KvProblem p = make_kv_problem(nc.c);
+  const KvCacheParams kp = p.host_params();
+  for (const KvPlant& x : nc.plants) {
+    if (x.operand == Operand::kQ) {
+      write_row_element(p.q, int64_t{x.b} * nc.c.seqlen_q + x.index, x.head, x.col, x.value);
+      continue;
+    }
+    HostTensor& cache = x.operand == Operand::kK ? p.k_cache : p.v_cache;
+    const CacheSlot s = cache_slot(kp, x.b, x.index);
+    write_row_element(cache, s.row * cache.desc.shape[1] + s.slot, x.head, x.col, x.value);
+  }
+  return p;
+}
+
+// Several query positions per call, so a key can be visible to some rows of a
+// packed tile and masked for others (bottom-right causal: row i of a sequence
+// of L keys sees keys <= L - seqlen_q + i). The decode kernel (seqlen_q < 64,
+// pages of any size, cache_batch_idx, forced splits) and, on a Hopper GPU, the
+// forward's KV-cache route (seqlen_q >= 64, contiguous or 64-token pages).
+inline std::vector<KvNanCase> kvcache_nan_cases(fa_dtype dtype) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  using O = Operand;
+  // Sequence 0: 70 keys, rows 0..3 see keys <= 66 + i; sequence 1: 41 keys, <= 37 + i.
+  const KvCase causal{.seqlen_q = 4, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {70, 41},
+                      .dtype = dtype, .causal = true, .seed = 31};
+  const std::vector<KvPlant> causal_plants = {
+      {O::kV, 0, 68, 0, 3, nan},   // rows 2, 3 of heads 0-3
+      {O::kV, 0, 69, 1, 5, inf},   // row 3 of heads 4-7
+      {O::kK, 1, 40, 0, 1, nan},   // row 3 of sequence 1, heads 0-3
+      {O::kQ, 0, 1, 2, 0, nan}};   // row 1 of head 2
+  // 60 + 5 new keys: row i sees [50 + i, 60 + i]; 33 + 5: [23 + i, 33 + i].
+  const KvCase window{.seqlen_q = 5, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {60, 33},
+                      .seqlen_new = 5, .page_size = 16, .dtype = dtype, .window_left = 10, .window_right = 0,
+                      .seed = 32};
+  const std::vector<KvPlant> window_plants = {
+      {O::kV, 0, 52, 0, 2, nan},   // rows 0-2
+      {O::kV, 0, 45, 0, 0, inf},   // no row
+      {O::kK, 0, 47, 0, 1, nan},   // no row
+      {O::kV, 1, 20, 0, 4, -inf},  // no row
+      {O::kV, 1, 30, 0, 6, nan}};  // every row
+  KvCase extras{.seqlen_q = 3, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {50, 90},
+                .batch_idx = true, .dtype = dtype, .causal = true, .softcap = 20.0f, .alibi = true,
+                .sinks = true, .seed = 33};
+  const std::vector<KvPlant> extras_plants = {
+      {O::kV, 0, 49, 1, 7, nan},   // row 2 of heads 2, 3
+      {O::kV, 0, 48, 0, 0, inf}};  // rows 1, 2 of heads 0, 1
+  // The forward route: 150 keys, row i sees keys <= 50 + i; 20 keys: rows >= 80 see keys <= i - 80.
+  const KvCase chunk{.seqlen_q = 100, .heads_q = 4, .heads_kv = 1, .head_dim = 128, .cached = {150, 20},
+                     .dtype = dtype, .causal = true, .seed = 34};
+  const std::vector<KvPlant> chunk_plants = {
+      {O::kV, 0, 80, 0, 3, nan},    // rows >= 30
+      {O::kV, 0, 140, 0, 9, inf},   // rows >= 90
+      {O::kK, 0, 120, 0, 0, nan},   // rows >= 70
+      {O::kV, 1, 10, 0, 1, nan},    // rows >= 90
+      {O::kV, 1, 19, 0, 2, inf}};   // row 99
+  KvCase paged_chunk = chunk;
+  paged_chunk.page_size = 64;
+  // 200 keys, window: row i sees [90 + i, 120 + i].
+  const KvCase chunk_extras{.seqlen_q = 80, .heads_q = 4, .heads_kv = 4, .head_dim = 64, .cached = {200},
+                            .dtype = dtype, .window_left = 30, .window_right = 0, .softcap = 15.0f,
+                            .alibi = true, .sinks = true, .seed = 35};
+  const std::vector<KvPlant> chunk_extras_plants = {
+      {O::kV, 0, 100, 2, 2, nan},  // rows 0-10 of head 2
+      {O::kV, 0, 60, 1, 0, inf},   // no row
+      {O::kK, 0, 199, 3, 5, nan}};  // row 79 of head 3
+  return {
+      {"decode_causal", causal, causal_plants},
+      {"decode_window_paged16_append", window, window_plants},
+      {"decode_batch_idx_extras", extras, extras_plants},
+      {"chunk_causal", chunk, chunk_plants},
+      {"chunk_causal_paged64", paged_chunk, chunk_plants},
+      {"chunk_window_extras", chunk_extras, chunk_extras_plants},
+  };
+}
+
+// out and lse against the reference of the planted problem (NaN exactly where
+// it has one), and the caches (appended rows, every other element unchanged).
+inline ::testing::AssertionResult kvcache_semantics_match(const KvProblem& p, const HostTensor& out,
+                                                          const HostTensor& lse, const HostTensor& k_after,
+                                                          const HostTensor& v_after) {
+  return kvcache_call_matches(p, expected_kvcache(p), out, lse, k_after, v_after, true);
 }
 
 }  // namespace flashattn::testing

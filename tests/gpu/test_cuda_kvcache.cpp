@@ -2,7 +2,7 @@
 // float64 reference: outputs poisoned before each call, cache contents checked,
 // forced split counts, every page-size path of the paged source, ALiBi and
 // attention sinks, pages outside the pool met inside the kernel, CUDA-graph
-// capture and replay with new cache_seqlens.
+// capture and replay with new cache_seqlens, the NaN/Inf rules.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/kvcache_harness.h"
+#include "common/nan_semantics.h"
 #include "core/backends.h"
 #include "core/dtype.h"
 #include "core/validate.h"
@@ -480,6 +481,37 @@ TEST(CudaKvCacheChunked, OverflowingLengthPoisonsOnlyItsSequence) {
   const size_t row_bytes = v_after.bytes.size() / 3;
   EXPECT_EQ(std::memcmp(&v_after.bytes[row_bytes], &p.v_cache.bytes[row_bytes], row_bytes), 0);
 }
+
+// ---- The NaN/Inf rules against the cache (tests/common/nan_semantics.h) ----
+
+class CudaKvCacheNan : public ::testing::TestWithParam<KvNanCase> {};
+
+// NaN/Inf planted in q and the caches reach exactly the rows the reference
+// says, on the call's route: the decode kernel with the heuristic's, one and
+// three splits (each split's partial fixed before the combine), or the
+// Hopper forward over the cache.
+TEST_P(CudaKvCacheNan, PlantedValuesReachExactlyTheirRows) {
+  FA_REQUIRE_GPU();
+  for (int splits : {0, 1, 3}) {
+    KvNanCase nc = GetParam();
+    nc.c.num_splits = splits;
+    SCOPED_TRACE(splits);
+    const KvProblem p = make_kv_nan_problem(nc);
+    DeviceKv d(p);
+    EXPECT_EQ(route_of(d), expected_route(nc.c));
+    const fa_kvcache desc = d.describe();
+    const fa_options o = d.options();
+    const fa_extras x = d.extras();
+    ASSERT_TRUE(call_completed(fa_forward_kvcache_ex(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, &x, nullptr, 0)));
+    EXPECT_TRUE(kvcache_semantics_match(p, d.out.download(d.out_like), d.lse.download(d.lse_like),
+                                        d.k_cache.download(p.k_cache), d.v_cache.download(p.v_cache)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16, CudaKvCacheNan, ::testing::ValuesIn(kvcache_nan_cases(FA_BF16)),
+                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(F16, CudaKvCacheNan, ::testing::ValuesIn(kvcache_nan_cases(FA_F16)),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace flashattn::testing

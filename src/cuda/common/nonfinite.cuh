@@ -86,6 +86,40 @@ __device__ __forceinline__ NoBlockMask pairs_of(const Tiles&) {
   return {};
 }
 
+// Where a fix finds a sequence's keys and their K and V rows: the call's
+// tensors (TensorKeys), or a KV cache with per-sequence key counts in
+// p.seqused_k (the Hopper forward's KV-cache route): its rows (CacheKeys), or
+// its pages through a block table (PagedKeys: key j is row j % page of page
+// table[b * stride + j / page]; the route's pages are powers of two).
+struct TensorKeys {
+  __device__ __forceinline__ SequenceInfo sequence(const AttentionParams& p, int b) const {
+    return sequence_info(p, b);
+  }
+  __device__ __forceinline__ int64_t offset(const AttentionParams& p, const SequenceInfo& seq, int b, int j, int hk,
+                                            int64_t batch_stride, int64_t row_stride, int64_t head_stride) const {
+    return row_offset(b, seq.row_k, j, hk, batch_stride, row_stride, head_stride, p.is_varlen());
+  }
+};
+struct CacheKeys : TensorKeys {
+  __device__ __forceinline__ SequenceInfo sequence(const AttentionParams& p, int b) const {
+    SequenceInfo s = sequence_info(p, b);
+    s.seqlen_k = p.seqused_k[b];
+    return s;
+  }
+};
+struct PagedKeys : CacheKeys {
+  const int32_t* table;
+  int64_t table_stride;
+  int page_shift;
+  __device__ __forceinline__ PagedKeys(const int32_t* t, int64_t stride, int shift)
+      : table(t), table_stride(stride), page_shift(shift) {}
+  __device__ __forceinline__ int64_t offset(const AttentionParams&, const SequenceInfo&, int b, int j, int hk,
+                                            int64_t batch_stride, int64_t row_stride, int64_t head_stride) const {
+    const int64_t page = table[b * table_stride + (j >> page_shift)];
+    return page * batch_stride + static_cast<int64_t>(j & ((1 << page_shift) - 1)) * row_stride + hk * head_stride;
+  }
+};
+
 namespace detail {
 
 constexpr int kLaneCols = kMaxHeadDim / 32;  // columns per lane: lane + 32 r
@@ -151,15 +185,20 @@ __device__ __forceinline__ bool row_nonfinite(const T* row, int d, int lane, uin
 
 // One (sequence, query head)'s view of the call: its rows, its mask, its
 // score modifiers and its dropout stream.
-struct HeadView {
+// Keys (TensorKeys, CacheKeys, PagedKeys) is a base: the empty TensorKeys
+// then takes no bytes, and the plain kernels' fixes are as they were.
+template <class Keys>
+struct HeadViewOf : Keys {
   const AttentionParams& p;
   int b, h;
   SequenceInfo seq;
   MaskPolicy mask;
   ListedPairs pairs;  // the block mask's pairs (unread without one)
 
-  __device__ __forceinline__ HeadView(const AttentionParams& params, const ListedPairs& listed, int b_, int h_)
-      : p(params), b(b_), h(h_), seq(sequence_info(params, b_)), mask(mask_for(params, seq)), pairs(listed) {}
+  __device__ __forceinline__ HeadViewOf(const AttentionParams& params, const ListedPairs& listed, int b_, int h_,
+                                        Keys keys = {})
+      : Keys(keys), p(params), b(b_), h(h_), seq(keys.sequence(params, b_)), mask(mask_for(params, seq)),
+        pairs(listed) {}
 
   __device__ __forceinline__ bool visible(int i, int j) const {
     if (!mask.visible(i, j)) return false;
@@ -198,7 +237,7 @@ struct HeadView {
   }
   __device__ __forceinline__ int64_t k_offset(int j, int64_t batch_stride, int64_t row_stride,
                                               int64_t head_stride) const {
-    return row_offset(b, seq.row_k, j, h / p.group_size(), batch_stride, row_stride, head_stride, p.is_varlen());
+    return Keys::offset(p, seq, b, j, h / p.group_size(), batch_stride, row_stride, head_stride);
   }
   template <typename T>
   __device__ __forceinline__ const T* q_row(int i) const {
@@ -223,43 +262,91 @@ struct HeadView {
   }
 };
 
-// Forward row i of one head: the max score, then l = sum P and O = sum P z v
-// (P relative to the max), the sink's share, then O and the lse out.
-template <typename T>
-__device__ __forceinline__ void recompute_out_row(const HeadView& hv, int i, int lane) {
-  const AttentionParams& p = hv.p;
-  const int d = p.head_dim;
-  LaneRow q, kv;
-  q.load(hv.q_row<T>(i), d, lane);
-  const int j_begin = hv.mask.key_begin(i), j_end = hv.mask.key_end(i + 1);
-  float m = -INFINITY, capped;
-  for (int j = j_begin; j < j_end; ++j) {
-    if (!hv.visible(i, j)) continue;
-    kv.load(hv.k_row<T>(j), d, lane);
-    m = fmaxf(m, hv.score(q.dot(kv), i, j, &capped));  // fmaxf drops NaN: its P below is NaN
-  }
-  float l = 0.0f;
+using HeadView = HeadViewOf<TensorKeys>;
+
+// One row's softmax over keys [j_begin, j_end), those `keys` shows it:
+//   m = max_j s_j,  l = sum_j P_j,  o = sum_j P_j z_j v_j,  P_j = exp(s_j - m)
+// Keys: visible(j), score(dot, j) (the modified score of q . k_j), k_row(j) and
+// v_row(j) (T*), factor(j) (dropout's z_j). Shared by every forward fix.
+struct RowSums {
+  float m, l;
   LaneRow o;
-  o.zero();
+  // O / l (0 for a row that saw no key: l == 0) and lse = m + log l (-inf then).
+  __device__ __forceinline__ float inv() const { return l == 0.0f ? 0.0f : 1.0f / l; }
+  __device__ __forceinline__ float lse() const { return l == 0.0f ? -INFINITY : m + logf(l); }
+};
+
+template <typename T, class Keys>
+__device__ __forceinline__ void sum_row(const LaneRow& q, const Keys& keys, int j_begin, int j_end, int d, int lane,
+                                        RowSums& r) {
+  LaneRow kv;
+  r.m = -INFINITY;
   for (int j = j_begin; j < j_end; ++j) {
-    if (!hv.visible(i, j)) continue;
-    kv.load(hv.k_row<T>(j), d, lane);
-    const float pr = HeadView::prob(hv.score(q.dot(kv), i, j, &capped), m);
-    l += pr;
-    kv.load(hv.v_row<T>(j), d, lane);
-    o.add(pr * hv.dropout_factor(i, j), kv);  // every visible key, even at weight 0 (0 x NaN = NaN)
+    if (!keys.visible(j)) continue;
+    kv.load(keys.template k_row<T>(j), d, lane);
+    r.m = fmaxf(r.m, keys.score(q.dot(kv), j));  // fmaxf drops NaN: its P below is NaN
   }
-  const bool empty = l == 0.0f;
-  float inv = empty ? 0.0f : 1.0f / l;
-  float lse = empty ? -INFINITY : m + logf(l);
+  r.l = 0.0f;
+  r.o.zero();
+  for (int j = j_begin; j < j_end; ++j) {
+    if (!keys.visible(j)) continue;
+    kv.load(keys.template k_row<T>(j), d, lane);
+    const float s = keys.score(q.dot(kv), j);
+    const float pr = s == -INFINITY ? 0.0f : expf(s - r.m);
+    r.l += pr;
+    kv.load(keys.template v_row<T>(j), d, lane);
+    r.o.add(pr * keys.factor(j), kv);  // every visible key, even at weight 0 (0 x NaN = NaN)
+  }
+}
+
+// sum_row's view of row i of a head.
+template <class HV>
+struct HeadRowKeys {
+  const HV& hv;
+  int i;
+  __device__ __forceinline__ bool visible(int j) const { return hv.visible(i, j); }
+  __device__ __forceinline__ float score(float dot, int j) const {
+    float capped;
+    return hv.score(dot, i, j, &capped);
+  }
+  template <typename T>
+  __device__ __forceinline__ const T* k_row(int j) const {
+    return hv.template k_row<T>(j);
+  }
+  template <typename T>
+  __device__ __forceinline__ const T* v_row(int j) const {
+    return hv.template v_row<T>(j);
+  }
+  __device__ __forceinline__ float factor(int j) const { return hv.dropout_factor(i, j); }
+};
+
+// A row's whole key set summed: the factor from o to the output and the lse,
+// with query head h's sink joining (score_mod.h) when the call has sinks.
+__device__ __forceinline__ void finish_row(const AttentionParams& p, int h, const RowSums& r, float& inv, float& lse) {
+  inv = r.inv();
+  lse = r.lse();
   if (p.has_sinks()) {
-    const AttentionSink sink{p.sinks[hv.h]};
+    const AttentionSink sink{p.sinks[h]};
     const float lse_keys = lse;
     lse = sink.lse(lse_keys);
     inv *= sink.output_factor(lse_keys, lse);
   }
-  o.store(static_cast<T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride), inv, d, lane,
-          kAllChunks);
+}
+
+// Forward row i of one head: sum_row over its keys, the sink's share, then O
+// and the lse out.
+template <typename T, class HV>
+__device__ __forceinline__ void recompute_out_row(const HV& hv, int i, int lane) {
+  const AttentionParams& p = hv.p;
+  const int d = p.head_dim;
+  LaneRow q;
+  q.load(hv.template q_row<T>(i), d, lane);
+  RowSums r;
+  sum_row<T>(q, HeadRowKeys<HV>{hv, i}, hv.mask.key_begin(i), hv.mask.key_end(i + 1), d, lane, r);
+  float inv, lse;
+  finish_row(p, hv.h, r, inv, lse);
+  r.o.store(static_cast<T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride), inv, d, lane,
+            kAllChunks);
   if (lane == 0 && p.lse != nullptr) p.lse[lse_offset(p, hv.b, hv.seq.row_q, i, hv.h)] = lse;
 }
 
@@ -331,20 +418,22 @@ __device__ __forceinline__ void recompute_dkdv_row(const AttentionParams& p, con
 // sites as before).
 
 // Warp (after its stores are visible to it): out rows [row0, row0 + rows) of
-// sequence b, head h, those stored non-finite.
-template <typename T>
+// sequence b, head h, those stored non-finite; keys: where the sequence's keys
+// live (TensorKeys, CacheKeys, PagedKeys).
+template <typename T, class Keys = TensorKeys>
 __device__ __forceinline__ void fix_out_rows(const AttentionParams& p, const ListedPairs& pairs, int b, int h, int row0,
-                                             int rows) {
-  const detail::HeadView hv(p, pairs, b, h);
+                                             int rows, Keys keys = {}) {
+  const detail::HeadViewOf<Keys> hv(p, pairs, b, h, keys);
   const int lane = threadIdx.x % 32;
   for (int i = row0; i < row0 + rows; ++i) {
     const T* o = static_cast<const T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
     if (detail::row_nonfinite(o, p.head_dim, lane)) detail::recompute_out_row<T>(hv, i, lane);
   }
 }
-template <typename T>
-__device__ __forceinline__ void fix_out_rows(const AttentionParams& p, NoBlockMask, int b, int h, int row0, int rows) {
-  fix_out_rows<T>(p, ListedPairs{}, b, h, row0, rows);
+template <typename T, class Keys = TensorKeys>
+__device__ __forceinline__ void fix_out_rows(const AttentionParams& p, NoBlockMask, int b, int h, int row0, int rows,
+                                             Keys keys = {}) {
+  fix_out_rows<T>(p, ListedPairs{}, b, h, row0, rows, keys);
 }
 
 // CTA (after a barrier that follows its stores): out rows [m0, m0 + rows) of

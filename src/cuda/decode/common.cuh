@@ -83,6 +83,27 @@ struct TileWork {
   __device__ int head_of(int r) const { return hk * group + (row0 + r) % group; }
 };
 
+// Query position i of head h of sequence b: q, or its rotated copy (packed).
+template <typename T>
+__device__ __forceinline__ const T* query_row(const KvCacheParams& p, const Work& w, int b, int i, int h) {
+  const AttentionParams& a = p.attn;
+  return w.q_rotated != nullptr
+             ? static_cast<const T*>(w.q_rotated) + ((int64_t{b} * a.seqlen_q + i) * a.heads_q + h) * a.head_dim
+             : static_cast<const T*>(a.q) + b * a.q_batch_stride + i * a.q_row_stride + h * a.q_head_stride;
+}
+
+// Where (b, i, h) is stored: its out row, and its row of a split's partials
+// (partial_o row * head_dim, partial_lse row).
+__device__ __forceinline__ int64_t out_offset(const AttentionParams& a, int b, int i, int h) {
+  return b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride;
+}
+__device__ __forceinline__ int64_t lse_index(const AttentionParams& a, int b, int i, int h) {
+  return b * a.lse_batch_stride + h * a.lse_head_stride + i * a.lse_row_stride;
+}
+__device__ __forceinline__ int64_t partial_row(const AttentionParams& a, int split, int b, int i, int h) {
+  return ((int64_t{split} * a.batch + b) * a.heads_q + h) * a.seqlen_q + i;
+}
+
 __device__ __forceinline__ TileWork tile_work(const KvCacheParams& p, const Work& w, int block_keys) {
   TileWork t;
   t.split = blockIdx.x % w.splits;

@@ -29,6 +29,7 @@
 #include "core/numeric.h"
 #include "cuda/common/mma.h"
 #include "cuda/decode/common.cuh"
+#include "cuda/decode/nonfinite.cuh"
 #include "cuda/decode/source.cuh"
 #include "cuda/decode/tuning.h"
 
@@ -120,10 +121,8 @@ __device__ __forceinline__ void load_queries(const KvCacheParams& p, const Work&
   for (int idx = threadIdx.x; idx < kMaxRows * Tr::kChunks; idx += kThreads) {
     const int r = idx / Tr::kChunks, c = (idx % Tr::kChunks) * 8;
     const bool valid = r < t.rows && c < a.head_dim;
-    const int pr = t.row0 + (valid ? r : 0), i = pr / t.group, h = t.hk * t.group + pr % t.group;
-    const T* q = w.q_rotated != nullptr
-                     ? static_cast<const T*>(w.q_rotated) + ((int64_t{t.b} * a.seqlen_q + i) * a.heads_q + h) * a.head_dim
-                     : static_cast<const T*>(a.q) + t.b * a.q_batch_stride + i * a.q_row_stride + h * a.q_head_stride;
+    const int pr = valid ? r : 0;
+    const T* q = query_row<T>(p, w, t.b, t.query_of(pr), t.head_of(pr));
     cp_async_16(smem_addr(q_s + r * Tr::kRowElems + c), q + (valid ? c : 0), valid);
   }
 }
@@ -235,11 +234,14 @@ __device__ __forceinline__ void slice_pv(const float (&s)[2][4], int slice_key, 
 }
 
 // The warps' slices merged through the drained ring, then the rows written: out
-// and lse with one split, else the normalised partial. NOTES: the merged state
-// of each row and its slices' weights (merge_weight) are computed once per row,
-// so an element is a weighted sum of its slices' O.
+// and lse with one split, else the normalised partial. Returns (to every
+// thread) the rows stored with an Inf or NaN, bit r for packed row r, for
+// fix_rows (nonfinite.cuh); none when `poisoned` (indices out of range: NaN rows
+// by design). NOTES: the merged state of each row and its slices' weights
+// (merge_weight) are computed once per row, so an element is a weighted sum of
+// its slices' O.
 template <typename T, int HeadDim>
-__device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w, const TileWork& t,
+__device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Work& w, const TileWork& t,
                                            const WarpState<HeadDim>& ws, float* scratch,
                                            bool poisoned) {
   using Tr = Traits<HeadDim>;
@@ -250,6 +252,8 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
   float* ml_s = o_s + Tr::kKeySlices * kMaxRows * HeadDim;         // [slice][row][m, l]
   float* weight_s = ml_s + Tr::kKeySlices * kMaxRows * 2;          // [slice][row]
   float* lse_s = weight_s + Tr::kKeySlices * kMaxRows;             // [row]
+  __shared__ uint32_t nonfinite_rows;
+  if (threadIdx.x == 0) nonfinite_rows = 0;
 #pragma unroll
   for (int ot = 0; ot < Tr::kOTiles; ++ot) {
 #pragma unroll
@@ -281,6 +285,7 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
     lse_s[r] = st.lse();
   }
   __syncthreads();
+  uint32_t found = 0;  // rows of this thread's values that are Inf or NaN
   for (int idx = threadIdx.x; idx < t.rows * a.head_dim; idx += kThreads) {
     const int r = idx / a.head_dim, c = idx % a.head_dim;
     float o = 0.0f;
@@ -290,16 +295,21 @@ __device__ __forceinline__ void write_rows(const KvCacheParams& p, const Work& w
     }
     float lse = lse_s[r];
     if (poisoned) o = lse = NAN;
-    const int pr = t.row0 + r, i = pr / t.group, h = t.hk * t.group + pr % t.group;
+    if (nonfinite::found(nonfinite::poison(0.0f, o))) found |= 1u << r;
+    const int i = t.query_of(r), h = t.head_of(r);
     if (w.splits == 1) {
-      static_cast<T*>(a.out)[t.b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride + c] = from_float<T>(o);
-      if (a.lse != nullptr && c == 0) a.lse[t.b * a.lse_batch_stride + h * a.lse_head_stride + i * a.lse_row_stride] = lse;
+      static_cast<T*>(a.out)[out_offset(a, t.b, i, h) + c] = from_float<T>(o);
+      if (a.lse != nullptr && c == 0) a.lse[lse_index(a, t.b, i, h)] = lse;
     } else {
-      const int64_t row = ((int64_t{t.split} * a.batch + t.b) * a.heads_q + h) * a.seqlen_q + i;
+      const int64_t row = partial_row(a, t.split, t.b, i, h);
       w.partial_o[row * a.head_dim + c] = o;
       if (c == 0) w.partial_lse[row] = lse;
     }
   }
+  found = __reduce_or_sync(0xffffffffu, found);
+  if (lane == 0 && found != 0 && !poisoned) atomicOr(&nonfinite_rows, found);
+  __syncthreads();  // also orders the stores above before fix_rows' stores
+  return nonfinite_rows;
 }
 
 // Q as the warp's mma A fragments, O zero, the softmax state empty, the rows' slopes.
@@ -341,7 +351,8 @@ __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWo
 // sequence whose length or cache row is out of range reads nothing, a page
 // outside the pool is not read; either gives NaN rows.
 template <typename T, int HeadDim, template <int> class Source>
-__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams p, const Work w) {
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_constant__ KvCacheParams p,
+                                                                  const __grid_constant__ Work w) {
   using Tr = Traits<HeadDim>;
   using Src = Source<HeadDim>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -402,7 +413,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   }
   cp_async_wait<0>();
   const bool poisoned = __syncthreads_or(!readable || src.saw_bad_index());
-  write_rows<T, HeadDim>(p, w, t, ws, reinterpret_cast<float*>(smem), poisoned);
+  const uint32_t nonfinite_rows = write_rows<T, HeadDim>(p, w, t, ws, reinterpret_cast<float*>(smem), poisoned);
+  if (nonfinite_rows != 0) fix_rows<T>(p, w, Tr::kBlockK, nonfinite_rows);  // rare
 }
 
 // Appends k_new (rotated) / v_new into the cache and writes the rotated q: one

@@ -131,9 +131,20 @@ __device__ __forceinline__ void fix_walk_rows_of(const AttentionParams& p, const
                                K::kHeadDim / 8 * 32);
       if (!isnan(ml.x)) continue;  // not merged here, or merged finite
     }
-    const int row0 = w.m0 + row_off;
-    nonfinite::fix_out_rows<T>(p, nonfinite::pairs_of<K::kBlockM, K::kBlockN>(blocks), w.b, w.h, row0,
-                               min(16, w.seq.seqlen_q - row0));
+    const int row0 = w.m0 + row_off, rows = min(16, w.seq.seqlen_q - row0);
+    const auto pairs = nonfinite::pairs_of<K::kBlockM, K::kBlockN>(blocks);
+    if constexpr (K::kCache) {
+      // A sequence whose indices the device found out of range stays NaN (finish()).
+      if (w.seq.seqlen_k < 0) continue;
+      if (a.pages.block_table != nullptr) {
+        nonfinite::fix_out_rows<T>(p, pairs, w.b, w.h, row0, rows,
+                                   nonfinite::PagedKeys(a.pages.block_table, a.pages.table_stride, a.pages.page_shift));
+      } else {
+        nonfinite::fix_out_rows<T>(p, pairs, w.b, w.h, row0, rows, nonfinite::CacheKeys{});
+      }
+    } else {
+      nonfinite::fix_out_rows<T>(p, pairs, w.b, w.h, row0, rows);
+    }
   }
 }
 
@@ -205,11 +216,9 @@ struct Epilogue {
   // 634 bytes in the d64 kernels); here one barrier per warpgroup per CTA.
   template <class Walk>
   __device__ __forceinline__ void fix_after_walk(bool nonfinite, const typename Walk::Tiles& blocks) const {
-    if constexpr (!K::kCache) {
-      if (named_sync_or(K::kOBarrier0 + cw, 128, nonfinite)) {  // rare
-        if constexpr (Walk::kListed) fix_listed_walk_rows<K, T>(p, a, blocks, cw * 64 + warp * 16, cw * 4 + warp);
-        else fix_walk_rows<K, T, kSplit>(p, a, cw * 64 + warp * 16, cw * 4 + warp);
-      }
+    if (named_sync_or(K::kOBarrier0 + cw, 128, nonfinite)) {  // rare
+      if constexpr (Walk::kListed) fix_listed_walk_rows<K, T>(p, a, blocks, cw * 64 + warp * 16, cw * 4 + warp);
+      else fix_walk_rows<K, T, kSplit>(p, a, cw * 64 + warp * 16, cw * 4 + warp);
     }
   }
 
@@ -318,7 +327,7 @@ struct Epilogue {
         p.lse[lse_offset(p, w.b, w.seq.row_q, row, w.h)] = lse[r];
       }
     }
-    const bool found = __any_sync(0xffffffffu, K::kCache ? false : bits != 0);
+    const bool found = __any_sync(0xffffffffu, bits != 0);
     // A merged tile's rows with an Inf or NaN: noted in this warp's own part
     // slot (read by no one after the merge; m is never NaN) for fix_walk_rows.
     if (kSplit && merged && found && lane == 0)
