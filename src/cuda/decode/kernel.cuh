@@ -119,7 +119,7 @@ __device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const Tile
 // so a wrong one costs bandwidth, never a wrong read. The real length is read
 // after the wait (tile_work). Measured on the H100 (docs/performance.md 3.6),
 // with the combine letting the next decode kernel launch before its own wait:
-// batch 16 x 4k +7%, batch 1 x 64k +3.5%, the other shapes -1..+2%.
+// batch 16 x 4k +6.8%, batch 1 x 64k +3.4%, the other shapes -1..+2%.
 template <typename T, int HeadDim, class Source>
 __device__ __forceinline__ void prefetch_before_wait(const KvCacheParams& p, const Work& w) {
   using Tr = Traits<HeadDim>;
