@@ -135,7 +135,7 @@ __device__ __forceinline__ RowState sink_state(const AttentionParams& a, int h) 
 
 // Whether this code waits for the kernel before it (griddepcontrol: compute_90
 // and newer); the sm_80 build's kernels start only once that kernel is done.
-__device__ __forceinline__ constexpr bool waits_for_prior_grid() {
+__device__ __forceinline__ constexpr bool griddepcontrol_compiled() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   return true;
 #else

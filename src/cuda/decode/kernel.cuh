@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const KvCacheParams
   extern __shared__ __align__(16) uint8_t smem[];
   T* ring = reinterpret_cast<T*>(smem);
   T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
-  if constexpr (Src::kAddressesAhead && waits_for_prior_grid()) {
+  if constexpr (Src::kAddressesAhead && griddepcontrol_compiled()) {
     if (w.early_prefetch) prefetch_before_wait<T, HeadDim, Src>(p, w);
   }
   // Launched early behind the kernel before it (api.cu), this CTA uses
