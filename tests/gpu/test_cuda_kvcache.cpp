@@ -268,11 +268,15 @@ INSTANTIATE_TEST_SUITE_P(PageSizes, CudaKvCacheBadPage, ::testing::Values(16, 64
 // A decode step (append + attention) captured once and replayed with new
 // cache_seqlens and new tokens: every replay matches the reference, and a
 // replay whose lengths overflow the cache poisons that sequence only and
-// leaves its cache untouched.
-TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
+// leaves its cache untouched. Pages of 16 and a contiguous cache (whose decode
+// kernel prefetches its first tiles from the lengths it reads before waiting
+// for the append kernel: kernel.cuh, prefetch_before_wait).
+class CudaKvCacheGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   FA_REQUIRE_GPU();
   KvCase c{.seqlen_q = 1, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {100, 7, 600},
-           .seqlen_new = 1, .page_size = 16, .rotary_dim = 64, .causal = true};
+           .seqlen_new = 1, .page_size = GetParam(), .rotary_dim = 64, .causal = true};
   KvProblem p = make_kv_problem(c);
   DeviceKv d(p);
   cudaStream_t stream;
@@ -289,7 +293,8 @@ TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   ASSERT_EQ(s, FA_OK) << fa_last_error();
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  const int capacity = p.max_blocks * c.page_size;
+  const bool paged = c.page_size > 0;
+  const int capacity = paged ? p.max_blocks * c.page_size : static_cast<int>(p.k_cache.desc.shape[1]);
   for (int step = 0; step < 4; ++step) {
     // The cache as the device holds it now is the next step's starting point.
     p.k_cache = d.k_cache.download(p.k_cache);
@@ -314,19 +319,23 @@ TEST(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
       const bool nan = std::isnan(load_as_float(out.bytes.data(), i, c.dtype));
       EXPECT_EQ(nan, i / per_seq == 1) << i;
     }
-    // Sequence 1's pages are as they were.
+    // Sequence 1's pages (or cache row) are as they were.
     const HostTensor v_after = d.v_cache.download(p.v_cache);
-    const size_t page_bytes = static_cast<size_t>(c.page_size) * c.heads_kv * c.head_dim * 2;
-    for (int blk = 0; blk < p.max_blocks; ++blk) {
-      const size_t page = static_cast<size_t>(p.block_table[p.max_blocks + blk]);
-      EXPECT_EQ(std::memcmp(&v_after.bytes[page * page_bytes], &p.v_cache.bytes[page * page_bytes], page_bytes), 0)
-          << "page " << page;
+    const size_t slot_bytes = static_cast<size_t>(c.heads_kv) * c.head_dim * 2;
+    const size_t piece_bytes = slot_bytes * (paged ? c.page_size : capacity);
+    for (int blk = 0; blk < (paged ? p.max_blocks : 1); ++blk) {
+      const size_t piece = paged ? static_cast<size_t>(p.block_table[p.max_blocks + blk]) : 1;
+      EXPECT_EQ(std::memcmp(&v_after.bytes[piece * piece_bytes], &p.v_cache.bytes[piece * piece_bytes], piece_bytes),
+                0)
+          << "page or row " << piece;
     }
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(PageSizes, CudaKvCacheGraph, ::testing::Values(16, 0));
 
 // ---- Chunked prefill: the Hopper forward over the cache (issue 28) ----
 

@@ -93,6 +93,7 @@ struct Plan {
   int splits = 1;
   int query_tiles = 1;
   bool l2_prefetch = false;  // decode::Work::l2_prefetch
+  bool early_prefetch = false;  // decode::Work::early_prefetch
   size_t q_rotated_bytes = 0;
   size_t partial_o_bytes = 0;
   size_t partial_lse_bytes = 0;
@@ -118,6 +119,9 @@ Plan make_plan(const KvCacheParams& kp) {
                                        sm_count(a.device_index), kp.num_splits});
   plan.l2_prefetch = !kp.is_paged() && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
                                            decode::kPrefetchMaxSplitTiles;
+  // The prefetch before the grid wait computes rows without a lookup (no
+  // cache_batch_idx, no block table: indices the kernel before may still write).
+  plan.early_prefetch = !kp.is_paged() && kp.cache_batch_idx == nullptr;
   if (plan.splits > 1) {
     plan.partial_o_bytes = aligned(plan.splits * rows * a.head_dim * sizeof(float));
     plan.partial_lse_bytes = aligned(plan.splits * rows * sizeof(float));
@@ -255,6 +259,7 @@ fa_status forward_kvcache(const KvCacheParams& kp) {
   w.query_tiles = plan.query_tiles;
   w.page_shift = power_of_two_shift(kp.block_size);
   w.l2_prefetch = plan.l2_prefetch;
+  w.early_prefetch = plan.early_prefetch;
   w.q_rotated = plan.q_rotated_bytes > 0 ? base : nullptr;
   w.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes) : nullptr;
   w.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes + plan.partial_o_bytes) : nullptr;

@@ -61,8 +61,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const KvCacheParams p
   __shared__ float weight_s[kMaxSplits];
   __shared__ float lse_s;
   __shared__ float4 sum_s[kGroups][kLanes];
+  // The next call's decode kernel may launch before this one waits: its CTAs
+  // take the slots the decode grid frees and prefetch their first tiles
+  // (kernel.cuh, prefetch_before_wait) while this merge waits and runs; they
+  // wait for this grid, which ends after the decode grid it waits for.
+  allow_dependent_launch();
   wait_for_prior_grid();
-  allow_dependent_launch();  // the next call's decode kernel may launch and wait
   const AttentionParams& a = p.attn;
   const int64_t row = blockIdx.x;  // (b, h, i)
   const int i = static_cast<int>(row % a.seqlen_q);

@@ -26,6 +26,7 @@ struct Work {
   int query_tiles;
   int page_shift;       // paged cache with a power-of-two page: log2(block_size); else -1
   bool l2_prefetch;     // a contiguous cache's short splits: the L2 prefetches a tile more (kernel.cuh)
+  bool early_prefetch;  // contiguous, no cache_batch_idx: the first tiles go to the L2 before the grid wait
   // The Hopper route (api.cu): int32[batch], the append kernel writes each
   // sequence's key count there (-1 where its indices are out of range); else null.
   int32_t* key_counts;
@@ -63,7 +64,14 @@ struct Traits {
   static constexpr int kSmemBytes = kRingBytesUsed + kQBytes;
   // The end-of-CTA merge reuses the drained ring: O of every slice, the
   // slices' (m, l), their merge weights and each row's lse.
-  static constexpr int kScratchFloats = kKeySlices * kMaxRows * (HeadDim + 3) + kMaxRows;
+  // NOTES: the compiler stores a warp's O fragments two columns at a time
+  // (STS.64 of columns 2tq, 2tq + 1 of row g). With rows of d floats the four
+  // rows of a half-warp map to the same banks (4-way conflicts); rows of
+  // kMergeRowFloats = d + 8 floats put them 8 banks apart (none). Measured on
+  // the H100 (docs/performance.md 3.6): with the prefetch before the grid wait,
+  // batch 1 x 4k +1.4%, the rest within 1%.
+  static constexpr int kMergeRowFloats = HeadDim + 8;
+  static constexpr int kScratchFloats = kKeySlices * kMaxRows * (kMergeRowFloats + 3) + kMaxRows;
   static_assert(kMaxRows == 16, "one mma row tile of packed query rows");
   static_assert(kKeySlices * kColumnParts == kWarps && kOTiles % 2 == 0, "warp mapping");
   static_assert(kThreads % kChunks == 0 && kBlockK % kRowsPerPass == 0, "whole rows per pass");
@@ -144,6 +152,16 @@ __device__ __forceinline__ float merge_weight(RowState merged, float m_x) {
 // then includes the sink and every other partial's weight shrinks to match.
 __device__ __forceinline__ RowState sink_state(const AttentionParams& a, int h) {
   return a.has_sinks() ? RowState::from_lse(a.sinks[h]) : RowState::empty();
+}
+
+// Whether this code waits for the kernel before it (griddepcontrol: compute_90
+// and newer); the sm_80 build's kernels start only once that kernel is done.
+__device__ __forceinline__ constexpr bool griddepcontrol_compiled() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return true;
+#else
+  return false;
+#endif
 }
 
 // Programmatic dependent launch (sm_90 and newer; no-ops in the sm_80 build,

@@ -110,6 +110,31 @@ __device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const Tile
   });
 }
 
+// NOTES: issued before the grid dependency wait, while the kernel before this
+// one (a previous call's combine, the append, the caller's kernel) still runs:
+// the L2 fetches the tiles the ring's prologue copies right after the wait, so
+// their DRAM latency overlaps that kernel instead of following it. The tiles
+// come from the sequence's length as read now (L2 only, no L1 line that a later
+// read could find stale), which that kernel may still change: a guess, used for
+// nothing but these prefetches, and clamped to the cache (cache_length_valid),
+// so a wrong one costs bandwidth, never a wrong read. The real length is read
+// after the wait (tile_work). Measured on the H100 (docs/performance.md 3.6),
+// with the combine letting the next decode kernel launch before its own wait:
+// batch 16 x 4k +6.8%, batch 1 x 64k +3.4%, the other shapes -1..+2%.
+template <typename T, int HeadDim, class Source>
+__device__ __forceinline__ void prefetch_before_wait(const KvCacheParams& p, const Work& w) {
+  using Tr = Traits<HeadDim>;
+  KvCacheParams guess = p;
+  guess.cache_seqlen = p.cache_seqlens != nullptr ? __ldcg(p.cache_seqlens + blockIdx.z) : p.cache_seqlen;
+  guess.cache_seqlens = nullptr;
+  const TileWork t = tile_work(guess, w, Tr::kBlockK);
+  if (!t.length_ok) return;
+  const Source src(guess, w, t);
+  const typename Source::Rows rows{};
+  const int last = min(t.tile_end, t.tile_begin + Tr::kStages - 1);
+  for (int tile = t.tile_begin; tile < last; ++tile) prefetch_tile<T, HeadDim>(guess, t, src, rows, tile);
+}
+
 // The tile's packed q rows into shared memory, 16 bytes at a time (q's rows
 // start 16-byte aligned: backend.cu checks q's strides and pointer; the rotated
 // copy is packed), zeros past the rows and the head dim.
@@ -249,7 +274,7 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int slice = warp % Tr::kKeySlices, part = warp / Tr::kKeySlices;
   float* o_s = scratch;                                            // [slice][row][column]
-  float* ml_s = o_s + Tr::kKeySlices * kMaxRows * HeadDim;         // [slice][row][m, l]
+  float* ml_s = o_s + Tr::kKeySlices * kMaxRows * Tr::kMergeRowFloats;  // [slice][row][m, l]
   float* weight_s = ml_s + Tr::kKeySlices * kMaxRows * 2;          // [slice][row]
   float* lse_s = weight_s + Tr::kKeySlices * kMaxRows;             // [row]
   __shared__ uint32_t nonfinite_rows;
@@ -259,7 +284,7 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = g + (e >= 2 ? 8 : 0), c = part * Tr::kColumns + ot * 8 + 2 * tq + (e & 1);
-      o_s[(slice * kMaxRows + r) * HeadDim + c] = ws.o[ot][e];
+      o_s[(slice * kMaxRows + r) * Tr::kMergeRowFloats + c] = ws.o[ot][e];
     }
   }
   if (part == 0 && tq == 0) {
@@ -291,7 +316,7 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
     float o = 0.0f;
 #pragma unroll
     for (int sl = 0; sl < Tr::kKeySlices; ++sl) {
-      o += weight_s[sl * kMaxRows + r] * o_s[(sl * kMaxRows + r) * HeadDim + c];
+      o += weight_s[sl * kMaxRows + r] * o_s[(sl * kMaxRows + r) * Tr::kMergeRowFloats + c];
     }
     float lse = lse_s[r];
     if (poisoned) o = lse = NAN;
@@ -358,9 +383,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
   extern __shared__ __align__(16) uint8_t smem[];
   T* ring = reinterpret_cast<T*>(smem);
   T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
-  // Launched early behind the kernel before it (api.cu), this CTA reads
-  // nothing until that kernel's writes (q, lengths, pages, cache rows) are
-  // visible; then the combine kernel may take free slots and wait in turn.
+  if constexpr (Src::kAddressesAhead && griddepcontrol_compiled()) {
+    if (w.early_prefetch) prefetch_before_wait<T, HeadDim, Src>(p, w);
+  }
+  // Launched early behind the kernel before it (api.cu), this CTA uses
+  // nothing that kernel may write (q, lengths, pages, cache rows) before its
+  // writes are visible (the prefetch's guessed length above only picks lines
+  // for the L2); then the combine kernel may take free slots and wait in turn.
   wait_for_prior_grid();
   allow_dependent_launch();
 
