@@ -264,10 +264,7 @@ struct HeadViewOf : Keys {
 
 using HeadView = HeadViewOf<TensorKeys>;
 
-// One row's softmax over keys [j_begin, j_end), those `keys` shows it:
-//   m = max_j s_j,  l = sum_j P_j,  o = sum_j P_j z_j v_j,  P_j = exp(s_j - m)
-// Keys: visible(j), score(dot, j) (the modified score of q . k_j), k_row(j) and
-// v_row(j) (T*), factor(j) (dropout's z_j). Shared by every forward fix.
+// A row's softmax sums (sum_row below): its max score m, l and o.
 struct RowSums {
   float m, l;
   LaneRow o;
@@ -276,6 +273,10 @@ struct RowSums {
   __device__ __forceinline__ float lse() const { return l == 0.0f ? -INFINITY : m + logf(l); }
 };
 
+// One row's softmax over keys [j_begin, j_end), those `keys` shows it:
+//   m = max_j s_j,  l = sum_j P_j,  o = sum_j P_j z_j v_j,  P_j = exp(s_j - m)
+// Keys: visible(j), score(dot, j) (the modified score of q . k_j), k_row(j) and
+// v_row(j) (T*), factor(j) (dropout's z_j). Shared by every forward fix.
 template <typename T, class Keys>
 __device__ __forceinline__ void sum_row(const LaneRow& q, const Keys& keys, int j_begin, int j_end, int d, int lane,
                                         RowSums& r) {
