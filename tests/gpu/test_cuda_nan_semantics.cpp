@@ -8,7 +8,6 @@
 // backward, the score extras, dropout and block masks. Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <limits>
 
 #include "backward_check.h"
@@ -31,20 +30,10 @@ namespace {
   return ::testing::AssertionSuccess();
 }
 
-// Whether the forward of c runs the sm80 kernel of head dim 128 without a
-// block mask or dropout (ForwardTuning<128>): it has no NaN/Inf fix (the
-// call spilled its loop; src/cuda/sm80/fwd/tuning.h, docs/hardening.md), so
-// masked keys' Inf/NaN can reach its rows (rule 3 of docs/hardening.md does not hold there).
-bool sm80_forward_without_fix(const Case& c) {
-  const bool sm80 = !device_is_sm90() || std::getenv("FLASHATTN_DISABLE_SM90") != nullptr;
-  return sm80 && c.head_dim > 96 && c.head_dim <= 128 && c.block_q == 0 && c.dropout_p == 0.0f;
-}
-
 class CudaNanSemantics : public ::testing::TestWithParam<NanCase> {};
 
 TEST_P(CudaNanSemantics, Forward) {
   FA_REQUIRE_GPU();
-  if (sm80_forward_without_fix(GetParam().c)) GTEST_SKIP() << "the sm80 d128 forward has no NaN/Inf fix";
   Problem p = make_nan_problem(GetParam());
   DeviceProblem d(p);
   DeviceExtras x(p);

@@ -334,21 +334,27 @@ __device__ __forceinline__ void finish_row(const AttentionParams& p, int h, cons
   }
 }
 
-// Forward row i of one head: sum_row over its keys, the sink's share, then O
-// and the lse out.
+// The end of forward row i of one head (head dim d) from its sums: the sink's
+// share, then O and the lse out.
 template <typename T, class HV>
-__device__ __forceinline__ void recompute_out_row(const HV& hv, int i, int lane) {
+__device__ __forceinline__ void store_out_row(const HV& hv, int i, int d, int lane, const RowSums& r) {
   const AttentionParams& p = hv.p;
-  const int d = p.head_dim;
-  LaneRow q;
-  q.load(hv.template q_row<T>(i), d, lane);
-  RowSums r;
-  sum_row<T>(q, HeadRowKeys<HV>{hv, i}, hv.mask.key_begin(i), hv.mask.key_end(i + 1), d, lane, r);
   float inv, lse;
   finish_row(p, hv.h, r, inv, lse);
   r.o.store(static_cast<T*>(p.out) + hv.q_offset(i, p.o_batch_stride, p.o_row_stride, p.o_head_stride), inv, d, lane,
             kAllChunks);
   if (lane == 0 && p.lse != nullptr) p.lse[lse_offset(p, hv.b, hv.seq.row_q, i, hv.h)] = lse;
+}
+
+// Forward row i of one head: sum_row over its keys, then store_out_row.
+template <typename T, class HV>
+__device__ __forceinline__ void recompute_out_row(const HV& hv, int i, int lane) {
+  const int d = hv.p.head_dim;
+  LaneRow q;
+  q.load(hv.template q_row<T>(i), d, lane);
+  RowSums r;
+  sum_row<T>(q, HeadRowKeys<HV>{hv, i}, hv.mask.key_begin(i), hv.mask.key_end(i + 1), d, lane, r);
+  store_out_row<T>(hv, i, d, lane, r);
 }
 
 // dq row i of one head (its chunks in `chunks`).

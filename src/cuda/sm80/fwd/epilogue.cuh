@@ -24,7 +24,8 @@ namespace flashattn::cuda::sm80 {
 // O / l of this thread's rows into Q's slot (the loads are drained first),
 // the lse of each row out, then the tile of O out in 16-byte rows. Returns
 // whether a stored value is Inf or NaN (in any thread: the barrier before the
-// store says), for fix_nonfinite_tile.
+// store says), for fix_nonfinite_tile; for the flat fix (flat_fix.cuh) also
+// which of this warp's rows did (*warp_rows, bit mt * 16 + hf * 8 + g).
 // NOTES: every row of this lane is g modulo 8, so all share one swizzle:
 // addresses are a lane base plus kAtom XOR-ed chunk offsets plus constants
 // (QTile::offset per row computed the swizzle again for each of 64 stores:
@@ -33,7 +34,7 @@ template <class K, typename T>
 __device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_max)[K::kMT][2],
                                           const float (&row_sum)[K::kMT][2], const AttentionParams& p,
                                           const FwdCta<T>& cta, const FwdThread& th, const QCopy<K>& q_copy,
-                                          float scale_log2, int d_valid) {
+                                          float scale_log2, int d_valid, uint32_t* warp_rows) {
   using QTile = typename K::QTile;
   using Mma = MmaType<T>;
   float l_rows[K::kMT][2];
@@ -49,6 +50,7 @@ __device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_
   cp_async_wait<0>();
   __syncthreads();
   uint32_t bits = 0;  // nonfinite::nonfinite_bits of every value staged
+  constexpr bool kRowVotes = K::kNonfiniteFix == NonfiniteFix::kFlatInline;  // *warp_rows too
 #pragma unroll
   for (int mt = 0; mt < K::kMT; ++mt)
 #pragma unroll
@@ -66,15 +68,25 @@ __device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_
         inv *= sink.output_factor(lse_keys, lse);
       }
       const int r = th.warp_row + mt * 16 + th.g + hf * 8;
+      uint32_t row_bits = 0;  // this row's values only (kRowVotes)
+      uint32_t& seen = kRowVotes ? row_bits : bits;
 #pragma unroll
       for (int dt = 0; dt < K::kDT; ++dt) {
         const uint32_t packed = Mma::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
-        bits |= nonfinite::nonfinite_bits<T>(packed);
+        seen |= nonfinite::nonfinite_bits<T>(packed);
         if constexpr (K::kFastOStaging) {
           st_shared_b32(o_base + QTile::at(o_lane, mt * 16 + hf * 8, dt), packed);
         } else {
           *reinterpret_cast<uint32_t*>(smem + QTile::offset(r, th.half * K::kDT + dt) + 4 * th.t) = packed;
         }
+      }
+      if constexpr (kRowVotes) {
+        bits |= row_bits;
+        // Row r's lanes are 4 g .. 4 g + 3: bit 4 g + t of the vote.
+        const uint32_t lanes = __ballot_sync(0xffffffffu, row_bits != 0 && r < cta.rows_valid);
+#pragma unroll
+        for (int g = 0; g < 8; ++g)
+          if ((lanes >> (4 * g)) & 0xfu) *warp_rows |= 1u << (mt * 16 + hf * 8 + g);
       }
       if (p.lse != nullptr && th.half == 0 && th.t == 0 && r < cta.rows_valid) {
         const int64_t off = cta.varlen ? cta.h * p.lse_head_stride + (cta.seq.row_q + cta.m0 + r) * p.lse_row_stride
@@ -83,8 +95,7 @@ __device__ __forceinline__ bool write_out(const OAcc<K>& acc, const float (&row_
         p.lse[off] = lse;
       }
     }
-  // (Without the fix, the plain barrier: the check is dropped.)
-  const bool any_nonfinite = K::kNonfiniteFix ? __syncthreads_or(bits != 0) : (__syncthreads(), false);
+  const bool any_nonfinite = __syncthreads_or(bits != 0);
   T* o = static_cast<T*>(p.out) + row_offset(cta.b, cta.seq.row_q, cta.m0, cta.h, p.o_batch_stride, p.o_row_stride,
                                              p.o_head_stride, cta.varlen);
   q_copy.store(o, p.o_row_stride, smem, cta.rows_valid, d_valid);

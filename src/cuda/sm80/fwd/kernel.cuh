@@ -31,12 +31,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/numeric.h"
 #include "core/params.h"
 #include "cuda/common/block_sparse.cuh"
 #include "cuda/sm80/dropout.cuh"
 #include "cuda/sm80/fwd/epilogue.cuh"
+#include "cuda/sm80/fwd/flat_fix.cuh"
 #include "cuda/sm80/fwd/key_walk.cuh"
 #include "cuda/sm80/fwd/loads.cuh"
 #include "cuda/sm80/fwd/mainloop.cuh"
@@ -116,6 +118,11 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     // With dropout, both take the tile's keep bits (computed before S is live).
     const auto z =
         Drop::template tile<K>(p.dropout, cta.b * p.heads_q + cta.h, cta.m0 + th.warp_row + th.g, n0 + th.key_off, th.t);
+    // NOTES: with the flat fix, V's lane offset is taken as new each tile
+    // (the empty asm): ptxas then keeps fewer of its derived addresses across
+    // the loop (the d128 kernel spilled 12 bytes without, sm_90a).
+    FragLanes tile_lanes = lanes;
+    if constexpr (K::kNonfiniteFix == NonfiniteFix::kFlatInline) asm volatile("" : "+r"(tile_lanes.v_own.row_bytes));
     Scores<K> s;
     if (needs_mask<K>(p, cta, softcap, n0) || (Walk::kListed && Walk::partial(tiles, cta, j))) {
       qk<K, T>(s, q_frag, lanes, th.warp_row, slot);
@@ -129,12 +136,20 @@ __global__ void __launch_bounds__(Cfg::kWarps * 32, Cfg::kMinBlocksPerSm)
     if constexpr (K::kPairSplit) share_p<K>(pk, th);
 
     await_v<K, Walk>(kv_copy, p, cta, tiles, j, th.warp, d_valid);
-    pv<K, T>(acc, pk, lanes, th, slot);
+    pv<K, T>(acc, pk, tile_lanes, th, slot);
   }
 
-  const bool stored_nonfinite = write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid);
-  if constexpr (K::kNonfiniteFix) {
-    if (stored_nonfinite) fix_nonfinite_tile<K, T>(p, m_blocks, nonfinite::pairs_of<K::kM, K::kN>(tiles));  // rare
+  uint32_t warp_rows = 0;  // the flat fix's: this warp's rows stored non-finite
+  const bool stored_nonfinite =
+      write_out<K>(acc, row_max, row_sum, p, cta, th, q_copy, scale_log2, d_valid, &warp_rows);
+  if (stored_nonfinite) {  // rare
+    if constexpr (K::kNonfiniteFix == NonfiniteFix::kFlatInline) {
+      static_assert(std::is_same_v<Drop, NoDropout> && !Walk::kListed, "the flat fix walks the mask's keys only");
+      static_assert(!K::kPairSplit && K::kWarpRows <= 32, "a warp's own rows, one bit each");
+      fix_nonfinite_flat<K, T>(p, cta, th.warp_row, warp_rows);
+    } else {
+      fix_nonfinite_tile<K, T>(p, m_blocks, nonfinite::pairs_of<K::kM, K::kN>(tiles));
+    }
   }
 }
 

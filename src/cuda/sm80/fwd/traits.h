@@ -25,7 +25,7 @@ struct FwdTraits {
   // half the keys and O for half the head dim.
   using Pair = PairSplit<Cfg>;
   static constexpr bool kPairSplit = Cfg::kPairSplit;
-  static constexpr bool kNonfiniteFix = Cfg::kNonfiniteFix;  // tuning.h
+  static constexpr NonfiniteFix kNonfiniteFix = Cfg::kNonfiniteFix;  // tuning.h
   static constexpr bool kQInRegs = Cfg::kQInRegs;
   static constexpr int kSplit = Pair::kWarpsPerRows;
   static constexpr int kWarpRows = Pair::kWarpRows;

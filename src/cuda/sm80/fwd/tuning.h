@@ -21,6 +21,12 @@
 
 namespace flashattn::cuda::sm80 {
 
+// How a kernel reaches the NaN/Inf rules' fix after its tile's store
+// (common/nonfinite.cuh, docs/hardening.md): the out-of-line call
+// (fix_nonfinite_tile), or the same recompute inlined as one flat loop
+// (flat_fix.cuh) where the K/V loop has no register to spare.
+enum class NonfiniteFix { kCall, kFlatInline };
+
 // The epilogue stores O through shared memory with one swizzle per lane and
 // copies whole query tiles out without per-row tests (the epilogue was 6% of
 // warp samples at d256 1k before).
@@ -39,9 +45,7 @@ struct Sm80Tile {
   static constexpr bool kFastWholeTiles = FastWholeTiles;
   static constexpr int kMinBlocksPerSm = 2;
   static constexpr bool kPairSplit = PairSplit;
-  // The NaN/Inf rules' out-of-line fix after the tile's store
-  // (common/nonfinite.cuh, docs/hardening.md).
-  static constexpr bool kNonfiniteFix = true;
+  static constexpr NonfiniteFix kNonfiniteFix = NonfiniteFix::kCall;
 };
 
 template <int HeadDim>
@@ -62,13 +66,12 @@ template <>
 struct ForwardTuning<96> : Sm80Tile<64, 128, 1> {};
 
 // d128: FA2's shape, 4 warps x 32 rows (each K/V fragment feeds 2 mma's), N =
-// 64, two stages: +3..15% over one stage. 96 KB. No NaN/Inf fix: with its
-// call (out of line or inlined, or the loop in a function of its own) the
-// kernel spilled 56-160 bytes in the sm_90a build (255 registers; 0.89-0.91
-// of the kernel without it on the H100), none without it.
+// 64, two stages: +3..15% over one stage. 96 KB. The NaN/Inf fix inlined as
+// one flat loop (flat_fix.cuh): the call spilled 156 bytes in the K/V loop
+// (sm_90a, 255 registers), the flat loop none.
 template <>
 struct ForwardTuning<128> : Sm80Tile<128, 64, 2> {
-  static constexpr bool kNonfiniteFix = false;
+  static constexpr NonfiniteFix kNonfiniteFix = NonfiniteFix::kFlatInline;
 };
 
 // d192: 16 rows per warp (O = 96 registers), 72 KB: two CTAs of 4 warps beat
