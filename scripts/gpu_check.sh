@@ -80,6 +80,10 @@ if has sanitize; then
       FLASHATTN_SM90_TEST_SMALL=1 start_bg "san_memcheck_$t" compute-sanitizer --tool memcheck \
         --error-exitcode 9 "$src/tests/$t" --gtest_brief=1
   done
+  # The NaN suite's sm80 kernels and their fixes (the d128 forward's flat one).
+  [ -x "$src/tests/test_cuda_nan_semantics" ] &&
+    FLASHATTN_DISABLE_SM90=1 start_bg san_memcheck_test_cuda_nan_semantics_sm80 compute-sanitizer --tool memcheck \
+      --error-exitcode 9 "$src/tests/test_cuda_nan_semantics" --gtest_brief=1
   # Dropout on the Hopper kernels (the keep bits' shuffles, the packed P masks).
   [ -x "$src/tests/test_sm90_dropout" ] &&
     FLASHATTN_SM90_TEST_SMALL=1 start_bg san_memcheck_test_sm90_dropout compute-sanitizer --tool memcheck \
