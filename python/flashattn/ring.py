@@ -125,9 +125,14 @@ class _Ring:
 
     def exchange(self, send: Tensor, recv: Tensor):
         """Starts sending ``send`` to the next rank and receiving ``recv`` from the previous
-        one; returns the requests to wait on."""
-        return [dist.isend(send, self.next, group=self.group),
-                dist.irecv(recv, self.prev, group=self.group)]
+        one; returns the requests to wait on.
+
+        NOTES: one batched pair (``batch_isend_irecv``): an unbatched isend / irecv made
+        torch 2.11 set up a 2-rank NCCL communicator per pair, and that setup failed with an
+        illegal address on a 2- and a 4-GPU H100 host where the batched pair (and the whole
+        ring) runs (docs/ring.md)."""
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, self.next, group=self.group),
+                                       dist.P2POp(dist.irecv, recv, self.prev, group=self.group)])
 
     def step_call(self, src: int, causal: bool):
         plan = plan_step(self.world, self.rank, src, causal)
