@@ -293,7 +293,7 @@ __device__ __forceinline__ void sum_row(const LaneRow& q, const Keys& keys, int 
     if (!keys.visible(j)) continue;
     kv.load(keys.template k_row<T>(j), d, lane);
     const float s = keys.score(q.dot(kv), j);
-    const float pr = s == -INFINITY ? 0.0f : expf(s - r.m);
+    const float pr = HeadView::prob(s, r.m);
     r.l += pr;
     kv.load(keys.template v_row<T>(j), d, lane);
     r.o.add(pr * keys.factor(j), kv);  // every visible key, even at weight 0 (0 x NaN = NaN)

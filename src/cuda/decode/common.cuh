@@ -12,6 +12,7 @@
 #include "attention/mask.h"
 #include "attention/state.h"
 #include "core/kvcache.h"
+#include "core/layout.h"
 #include "cuda/common/convert.h"
 #include "cuda/decode/tuning.h"
 
@@ -100,10 +101,12 @@ __device__ __forceinline__ const T* query_row(const KvCacheParams& p, const Work
              : static_cast<const T*>(a.q) + b * a.q_batch_stride + i * a.q_row_stride + h * a.q_head_stride;
 }
 
-// Where (b, i, h) is stored: its out row, and its row of a split's partials
+// Where (b, i, h) is stored: its out row and lse entry (core/layout.h's
+// row_offset and lse_offset for a fixed-length call, which a KV-cache call is:
+// no runtime varlen test in the epilogue), and its row of a split's partials
 // (partial_o row * head_dim, partial_lse row).
 __device__ __forceinline__ int64_t out_offset(const AttentionParams& a, int b, int i, int h) {
-  return b * a.o_batch_stride + i * a.o_row_stride + h * a.o_head_stride;
+  return row_offset(b, 0, i, h, a.o_batch_stride, a.o_row_stride, a.o_head_stride, false);
 }
 __device__ __forceinline__ int64_t lse_index(const AttentionParams& a, int b, int i, int h) {
   return b * a.lse_batch_stride + h * a.lse_head_stride + i * a.lse_row_stride;
