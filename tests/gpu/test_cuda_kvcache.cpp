@@ -286,6 +286,8 @@ TEST_P(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   size_t bytes = 0;
   ASSERT_EQ(fa_forward_kvcache_workspace_size(&d.q.desc, &desc, &o, &bytes), FA_OK) << fa_last_error();
   DeviceMemory ws = device_alloc(bytes);
+  // Bytes that no call wrote: nothing may read the workspace before writing it.
+  ASSERT_EQ(cudaMemset(ws.get(), 0xA5, bytes), cudaSuccess);
   cudaGraph_t graph;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   const fa_status s = fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, ws.get(), bytes);

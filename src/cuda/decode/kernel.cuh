@@ -194,46 +194,78 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
     mma_m16n8k16<T>(s[1], ws.q[ks], b[2], b[3]);
   }
   const AttentionParams& a = p.attn;
+  // NOTES: a slice that every packed row sees whole (all but the sequence's
+  // last keys and a window's edges) skips the per-element mask, a warp-uniform
+  // branch; the padding rows past t.rows then score their zero q, which no
+  // store reads.
+  const bool whole = t.mask.tile_fully_visible(t.query_of(0), t.query_of(t.rows - 1) + 1, key0,
+                                               key0 + Tr::kSliceKeys);
+  const auto modified = [&](float x, int e, int i, int j) {
+    x *= a.scale;
+    if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+    // The distance counts from the diagonal of the sequence's keys (cache + new tokens).
+    if (a.has_alibi()) x = AlibiScore{ws.slope[e / 2], t.mask.diagonal_offset()}(x, i, j);
+    return x * kLog2e;
+  };
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = g + (e >= 2 ? 8 : 0), j = key0 + nt * 8 + 2 * tq + (e & 1), i = t.query_of(r);
-      float x = s[nt][e] * a.scale;
-      if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
-      // The distance counts from the diagonal of the sequence's keys (cache + new tokens).
-      if (a.has_alibi()) x = AlibiScore{ws.slope[e / 2], t.mask.diagonal_offset()}(x, i, j);
-      const bool visible = r < t.rows && t.mask.visible(i, j);
-      s[nt][e] = visible ? x * kLog2e : -INFINITY;
+      if (whole) {
+        s[nt][e] = modified(s[nt][e], e, i, j);
+      } else {
+        s[nt][e] = r < t.rows && t.mask.visible(i, j) ? modified(s[nt][e], e, i, j) : -INFINITY;
+      }
     }
   }
 }
 
-// Online softmax of the slice's scores into P (in place), rescaling O.
+// Online softmax of the slice's scores into P (in place), rescaling O when the
+// reference max moves.
+// NOTES: m is a reference, not necessarily the running max: while no row of
+// the warp has grown past it by more than kRescaleSlack (log2 units), O, l and
+// m stay and P = 2^(S - m) may reach 2^kRescaleSlack. O / l and the lse
+// m + log2 l are the same for any reference, so this is exact; it drops the
+// O rescale (kOTiles * 4 multiplies a thread) from most slices once the rows'
+// maxima settle. A grown row rescales the whole warp (uniform branch).
 template <int HeadDim>
 __device__ __forceinline__ void slice_softmax(float (&s)[2][4], WarpState<HeadDim>& ws) {
   using Tr = Traits<HeadDim>;
+  float m_new[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // row g (h = 0) and g + 8 (h = 1): elements 2h, 2h + 1
     const float local = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
-    const float m_new = fmaxf(ws.m[h], quad_max(local));
-    const float c = m_new == -INFINITY ? 1.0f : exp2f(ws.m[h] - m_new);
+    m_new[h] = fmaxf(ws.m[h], quad_max(local));
+  }
+  const bool grown = m_new[0] > ws.m[0] + kRescaleSlack || m_new[1] > ws.m[1] + kRescaleSlack;
+  if (__any_sync(0xffffffffu, grown)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // c = 2^(m_old - m_new); a row that has seen no key keeps m = -inf and c = 1
+      const float c = m_new[h] == -INFINITY ? 1.0f : fast_exp2(ws.m[h] - m_new[h]);
+      ws.m[h] = m_new[h];
+      ws.l[h] *= c;
+#pragma unroll
+      for (int ot = 0; ot < Tr::kOTiles; ++ot) {
+        ws.o[ot][2 * h] *= c;
+        ws.o[ot][2 * h + 1] *= c;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        s[nt][e] = m_new == -INFINITY ? 0.0f : exp2f(s[nt][e] - m_new);
+        // P = 2^(S - m); 2^-inf = 0 for masked keys, and 0 throughout a row without a max yet
+        s[nt][e] = ws.m[h] == -INFINITY ? 0.0f : fast_exp2(s[nt][e] - ws.m[h]);
         sum += s[nt][e];
       }
     }
-    ws.l[h] = ws.l[h] * c + quad_sum(sum);
-    ws.m[h] = m_new;
-#pragma unroll
-    for (int ot = 0; ot < Tr::kOTiles; ++ot) {
-      ws.o[ot][2 * h] *= c;
-      ws.o[ot][2 * h + 1] *= c;
-    }
+    ws.l[h] += quad_sum(sum);
   }
 }
 
@@ -366,8 +398,11 @@ __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWo
 }
 
 // NOTES: cp.async groups, oldest first: q, then one per key tile. The ring
-// holds kStages tiles, kStages - 1 in flight while one is read; the next
-// tile's source rows (block-table entries) are fetched a tile ahead. With
+// holds kStages tiles, kStages - 1 in flight while one is read; the source
+// rows (block-table entries) of the tile after the next one to copy are
+// fetched in the loop, two tiles ahead: a tile of math is shorter than a table
+// lookup under full HBM traffic (fetched a tile ahead, the lookups' latency
+// showed: paged caches at batch 1 read 3-9% slower, docs/performance.md 3.6). With
 // w.l2_prefetch (a short split of a contiguous cache, api.cu) the tile after
 // the ring's is also requested into the L2 (prefetch_tile), so one more tile
 // is in flight without shared memory.
@@ -398,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
   const bool readable = t.length_ok && src.indices_ok();
   const int tiles = readable ? t.tile_end - t.tile_begin : 0;
   constexpr int kStageElems = Tr::kStageBytes / 2;
-  typename Src::Rows rows;
+  typename Src::Rows rows, next;  // the source rows of the next tile to copy and of the tile after it
   const uint64_t policy = evict_first_policy();
   // A short split also keeps the tile after the ring's on its way into the L2.
   const bool prefetch = Src::kAddressesAhead && w.l2_prefetch;
@@ -412,6 +447,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
     }
     cp_async_commit();
   }
+  if (Tr::kStages < tiles) src.fetch(t.tile_begin + Tr::kStages, next);
   if (prefetch && Tr::kStages - 1 < tiles) prefetch_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + Tr::kStages - 1);
   cp_async_wait<Tr::kStages - 1>();  // q landed
   __syncthreads();
@@ -428,7 +464,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
       load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead, ring + (ahead % Tr::kStages) * kStageElems,
                             policy);
       if (ahead + 1 < tiles) {
-        src.fetch(t.tile_begin + ahead + 1, rows);
+        rows = next;
+        if (ahead + 2 < tiles) src.fetch(t.tile_begin + ahead + 2, next);
         if (prefetch) prefetch_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead + 1);
       }
     }

@@ -8,8 +8,9 @@
 // per CTA, a paged row needs the block table. With pages of a multiple of the
 // key tile (64, 128, 256 keys at head dims up to 128) a tile lies in one page
 // and is translated once; smaller pages translate per row (a shift and a mask
-// for power-of-two sizes, a division otherwise). The table entries of the next
-// tile are fetched a tile ahead, so their latency hides behind a tile of math.
+// for power-of-two sizes, a division otherwise). A tile's table entries are
+// fetched two tiles before its copies (kernel.cuh), so their latency hides
+// behind the math.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +63,7 @@ struct ContiguousKv {
 // block_table[b][j / block_size]. Page indices are checked where they are used:
 // a page outside the pool is never read and poisons the CTA's rows.
 //
-// NOTES: the check sits in offsets(), a tile after fetch() loaded the entry, so
+// NOTES: the check sits in offsets(), tiles after fetch() loaded the entry, so
 // no warp waits on the table's latency (an L2 round trip under full HBM
 // traffic) in the tile it fetches for.
 template <int HeadDim>

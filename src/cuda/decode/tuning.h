@@ -45,6 +45,12 @@ constexpr int kPrefetchMaxSplitTiles = 16;
 // thread groups), so the O loads overlap the lse round trip.
 constexpr int kCombinePrefetch = 8;
 
+// How far (log2 units) a row's max may grow past the softmax's reference max
+// before the warp rescales O (kernel.cuh, slice_softmax): P then stays below
+// 2^8 = 256, far inside f32 and 16-bit P's range, while the rescale (64
+// multiplies a thread at head dim 128) is skipped once the maxima settle.
+constexpr float kRescaleSlack = 8.0f;
+
 // Query rows per sequence from which a KV-cache call on an sm_90 device runs
 // the Hopper forward over the cache instead of these kernels (api.cu's route:
 // chunked prefill). Reasoned, not measured: the forward's smallest query tile
