@@ -233,15 +233,15 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
 // says why), except over pages (paged: pages_fit, api.cu, holds for kBlockN).
 // visit_instantiation calls v.template run<Tune, C, N>() for the
 // instantiation a call of head dim D takes.
-// With dropout, kDropoutConsumers warpgroups (tuning.h).
+// With dropout, kDropoutConsumers warpgroups (tuning.h) and kBlockN-key tiles:
+// the Philox call covers 32 keys (fwd/dropout.cuh), which a 176-key tile
+// splits, so every such tile makes one call whose half it drops.
 // A block mask: kBlockSparseConsumers warpgroups, kBlockN-key tiles.
 template <int D, class Visitor>
 fa_status visit_instantiation(const AttentionParams& p, Visitor& v, bool paged = false) {
   using Tune = ForwardTuning<D>;
   if (p.has_block_mask()) return v.template run<Tune, kBlockSparseConsumers, Tune::kBlockN>();
-  if constexpr (Tune::kDropoutConsumers != Tune::kConsumers) {
-    if (p.has_dropout()) return v.template run<Tune, Tune::kDropoutConsumers, Tune::kBlockN>();
-  }
+  if (p.has_dropout()) return v.template run<Tune, Tune::kDropoutConsumers, Tune::kBlockN>();
   if constexpr (Tune::kCausalConsumers != Tune::kConsumers) {
     if (p.window_right == 0) return v.template run<Tune, Tune::kCausalConsumers, Tune::kBlockN>();
   }
@@ -268,7 +268,7 @@ struct LaunchVisitor {
     if constexpr (C == kBlockSparseConsumers && N == Tune::kBlockN) {
       if (p.has_block_mask()) return launch_kernel<Tune, T, C, N, NoDropout, ListedKeys>(p, pages);
     }
-    if constexpr (C == Tune::kDropoutConsumers) {
+    if constexpr (C == Tune::kDropoutConsumers && N == Tune::kBlockN) {
       if (p.has_dropout()) return launch_kernel<Tune, T, C, N, PhiloxDropout>(p, pages);
     }
     if (p.has_dropout()) return fail(FA_ERROR_UNSUPPORTED, "sm90 forward: no dropout kernel for this shape");
