@@ -145,6 +145,7 @@ std::string KvCase::name() const {
   if (causal) s << "_causal";
   if (window_left >= 0 || window_right >= 0) s << "_win" << window_left << "_" << window_right;
   if (softcap > 0) s << "_softcap";
+  if (softmax_scale > 0) s << "_scale";
   if (num_splits) s << "_split" << num_splits;
   if (alibi) s << (slopes_per_head ? "_alibiH" : "_alibi");
   if (sinks) s << "_sinks";
@@ -205,6 +206,7 @@ KvProblem make_kv_problem(const KvCase& c) {
   p.options.window_left = c.window_left;
   p.options.window_right = c.window_right;
   p.options.softcap = c.softcap;
+  p.options.softmax_scale = c.softmax_scale;
   return p;
 }
 

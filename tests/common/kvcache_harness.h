@@ -33,6 +33,7 @@ struct KvCase {
   int window_left = -1;
   int window_right = -1;
   float softcap = 0.0f;
+  float softmax_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
   int num_splits = 0;
   bool alibi = false;  // ALiBi slopes per (sequence, head) through fa_forward_kvcache_ex
   bool slopes_per_head = false;  // with alibi: one slope per head (heads_q), shared by the sequences

@@ -133,6 +133,13 @@ std::vector<KvCase> gpu_suite() {
     cases.push_back({.heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {2500, 31}, .seqlen_new = 1,
                      .seed = 600u + d});
   }
+  // Scores of a wide range (8x the default scale: a row's max grows past the
+  // softmax's reference by more than kRescaleSlack between slices, the decode
+  // kernel's rescale after its first slice; tuning.h), every head-dim bucket.
+  for (int d : {64, 128, 256}) {
+    cases.push_back({.heads_q = 8, .heads_kv = 2, .head_dim = d, .cached = {2000, 300}, .seqlen_new = 1,
+                     .softmax_scale = 8.0f / std::sqrt(static_cast<float>(d)), .seed = 650u + d});
+  }
   // Packed rows beyond one tile (seqlen_q 5 x group 8 = 40 rows), long split cache.
   cases.push_back({.seqlen_q = 5, .heads_q = 32, .heads_kv = 4, .head_dim = 128, .cached = {4097, 1023},
                    .seqlen_new = 5, .page_size = 256, .causal = true, .seed = 300});
