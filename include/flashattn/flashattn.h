@@ -149,8 +149,11 @@ typedef struct fa_options {
  * query block together. Row i sees key j when the element mask (causal,
  * window, sequence lengths) lets it AND block (i / block_q, j / block_k) is
  * listed, partial or full: flashattn has no mask_mod, so both kinds take the
- * element mask; blocks in neither list are skipped. CPU backend only: the
- * CUDA backend answers FA_ERROR_UNSUPPORTED. */
+ * element mask; blocks in neither list are skipped. The CUDA backend restates
+ * the lists on its kernels' tiles and copies them to the device, keeping the
+ * last few masks' copies; under stream capture it takes a copy kept from an
+ * earlier call with the same lists (the graph's warm-up) and keeps it for the
+ * process's life, else FA_ERROR_UNSUPPORTED. */
 typedef struct fa_block_mask {
   int32_t block_q;  /* query rows per block (FlexAttention's BLOCK_SIZE[0]), > 0 */
   int32_t block_k;  /* keys per block (BLOCK_SIZE[1]), > 0 */

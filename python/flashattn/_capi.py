@@ -1014,10 +1014,11 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
     ``alibi_slopes``: float32 (heads_q,) or (batch, heads_q), scores -= slope * |i + seqlen_k -
     seqlen_q - j|. ``sinks``: float32 (heads_q,), a logit per head in each row's softmax
     denominator (no value); lse includes it. Both on q's device, None = off. ``dropout_p`` > 0
-    drops attention probabilities by Philox bits of (dropout_seed, dropout_offset) (the CPU
-    backend only for now); the backward needs the same three values. ``block_mask``: a
-    FlexAttention BlockMask, a flashattn.BlockMask or block_mask_parts() of one (host int32
-    lists, for the CPU and the CUDA backend; not under CUDA-graph capture): only the listed key blocks of each query block are visited, the
+    drops attention probabilities by Philox bits of (dropout_seed, dropout_offset); the
+    backward needs the same three values. ``block_mask``: a FlexAttention BlockMask, a
+    flashattn.BlockMask or block_mask_parts() of one (host int32 lists, for the CPU and the
+    CUDA backend; under CUDA-graph capture after a warm-up call with the same lists; not with
+    dropout on CUDA): only the listed key blocks of each query block are visited, the
     element mask (causal, window) applying inside them; the backward needs the same mask.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like

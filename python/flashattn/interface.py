@@ -27,8 +27,9 @@ float32: 1 / (1 - p8) where kept, 0 where dropped (flash-attn encodes
 the same pattern in the sign of its S_dmask); None without dropout.
 
 Block-sparse attention (keyword block_mask=, on the CPU and on CUDA; lists on a GPU
-are copied to the host per call, and under CUDA-graph capture a mask is refused; on
-CUDA not together with dropout_p > 0, which only the CPU backend runs): a
+are copied to the host per call; under CUDA-graph capture a mask is taken when a call
+before the capture (the warm-up) had the same lists, as host tensors; on CUDA not
+together with dropout_p > 0, which only the CPU backend runs): a
 FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
 flashattn.BlockMask (the same attributes over int32 NumPy arrays or tensors). Each
 query block visits only its listed key blocks; the element mask of the call (causal,

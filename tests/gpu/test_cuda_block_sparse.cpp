@@ -13,7 +13,8 @@
 // create_block_mask's causal / sliding-window masks bitwise equal to the
 // dense sm80 call; the deterministic backward bitwise stable; NaN in key tiles
 // no listed block reaches reaching nothing (they are never read); lists in
-// device memory, CUDA-graph capture and dropout with a block mask refused.
+// device memory refused; CUDA-graph capture after warm-up calls (lists
+// pinned), refused without them; dropout with a block mask refused.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -322,23 +323,140 @@ TEST(CudaBlockSparseErrors, DeviceListsAreRefused) {
   EXPECT_EQ(e.dout.download(e.out).bytes, e.out.bytes) << "out written";
 }
 
-// The host lists are copied per call, which a CUDA graph cannot replay: refused.
-TEST(CudaBlockSparseErrors, GraphCaptureIsRefused) {
+// One forward and backward of p on `stream` into fixed device buffers (what a
+// CUDA graph captures), with an explicit backward workspace.
+struct StreamCalls {
+  const Problem& p;
+  DeviceProblem d;
+  DeviceExtras x;
+  DeviceTensor out, lse, dq, dk, dv;
+  DeviceMemory workspace;
+  size_t workspace_bytes = 0;
+  fa_options o;
+  StreamCalls(const Problem& problem, cudaStream_t stream)
+      : p(problem), d(p), x(p), out(DeviceTensor::upload(p.poisoned_like_q())),
+        lse(DeviceTensor::upload(p.poisoned_lse())), dq(DeviceTensor::upload(p.poisoned_like_q())),
+        dk(DeviceTensor::upload(p.poisoned_like_k())), dv(DeviceTensor::upload(p.poisoned_like_k())),
+        o(d.options()) {
+    o.stream = stream;
+    EXPECT_EQ(fa_backward_workspace_size(&d.q.desc, &d.k.desc, &d.v.desc, nullptr, &o, &workspace_bytes), FA_OK);
+    workspace = device_alloc(workspace_bytes);
+  }
+  fa_status forward() {
+    const fa_extras fx = x.forward(p);
+    return fa_forward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &out.desc, &lse.desc, nullptr, &o, &fx);
+  }
+  fa_status backward() {
+    const fa_extras bx = x.backward(p);
+    return fa_backward_ex(&d.q.desc, &d.k.desc, &d.v.desc, &out.desc, &d.dout.desc, &lse.desc, &dq.desc, &dk.desc,
+                          &dv.desc, nullptr, &o, &bx, workspace.get(), workspace_bytes);
+  }
+  void poison() {
+    for (auto [t, h] : {std::pair<DeviceTensor*, HostTensor>{&out, p.poisoned_like_q()}, {&lse, p.poisoned_lse()},
+                        {&dq, p.poisoned_like_q()}, {&dk, p.poisoned_like_k()}, {&dv, p.poisoned_like_k()}}) {
+      ASSERT_EQ(cudaMemcpy(t->desc.data, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  VariantRun results() {
+    VariantRun r;
+    r.out = out.download(p.poisoned_like_q());
+    r.lse = lse.download(p.poisoned_lse());
+    r.dq = dq.download(p.poisoned_like_q());
+    r.dk = dk.download(p.poisoned_like_k());
+    r.dv = dv.download(p.poisoned_like_k());
+    return r;
+  }
+};
+
+// A case whose lists no earlier call built (its seed makes its mask).
+Problem capture_problem(uint64_t seed, int head_dim) {
+  Case c = make_case(FA_BF16, 300, 410, head_dim, seed);
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.causal = head_dim == 64;
+  c.block_q = 128;
+  c.block_k = 128;
+  c.block_density = 0.5;
+  return make_problem(c);
+}
+
+// Under capture a mask's device lists must exist already (they cannot be
+// copied from host memory inside a graph): a mask never called before is
+// refused, naming what to do, and nothing is enqueued.
+TEST(CudaBlockSparseGraph, CaptureWithoutWarmUpIsRefused) {
   FA_REQUIRE_GPU();
-  ErrorCase e(6400);
+  const Problem p = capture_problem(6410, 64);
   cudaStream_t stream = nullptr;
   FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fa_options o = e.d.options();
-  o.stream = stream;
+  StreamCalls calls(p, stream);
   FA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const fa_status s = e.forward(o, e.p.extras());
+  const fa_status s = calls.forward();
   const std::string error = fa_last_error();
   cudaGraph_t graph = nullptr;
   FA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  size_t nodes = 0;
+  if (graph != nullptr) {
+    cudaGraphGetNodes(graph, nullptr, &nodes);
+    cudaGraphDestroy(graph);
+  }
   cudaStreamDestroy(stream);
   EXPECT_EQ(s, FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(error.find("CUDA graph"), std::string::npos) << error;
+  EXPECT_NE(error.find("once before capturing"), std::string::npos) << error;
+  EXPECT_EQ(nodes, 0u) << "nothing enqueued";
+  EXPECT_EQ(calls.out.download(p.poisoned_like_q()).bytes, p.poisoned_like_q().bytes) << "out written";
+}
+
+// Warm-up calls build the lists; the forward and backward captured after them
+// replay with those lists, also after more masks than the device cache keeps
+// were called in between (a captured mask's lists are pinned), and give the
+// eager calls' bits (out, lse, dk, dv; dq through atomics: against float64).
+TEST(CudaBlockSparseGraph, CapturedCallsReplayTheirLists) {
+  FA_REQUIRE_GPU();
+  for (const int d : {64, 128}) {
+    SCOPED_TRACE("head_dim " + std::to_string(d));
+    const Problem p = capture_problem(6420 + d, d);
+    cudaStream_t stream = nullptr;
+    FA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    StreamCalls calls(p, stream);
+    ASSERT_EQ(calls.forward(), FA_OK) << fa_last_error();
+    ASSERT_EQ(calls.backward(), FA_OK) << fa_last_error();
+    FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const VariantRun eager = calls.results();
+    expect_forward_matches(p, eager.out, eager.lse);
+    expect_backward_matches(p, eager.dq, eager.dk, eager.dv, eager.dsinks);
+
+    cudaGraph_t graph = nullptr;
+    FA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const fa_status fwd = calls.forward();
+    const std::string fwd_error = fa_last_error();
+    const fa_status bwd = fwd == FA_OK ? calls.backward() : fwd;
+    const std::string bwd_error = fa_last_error();
+    FA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(fwd, FA_OK) << fwd_error;
+    ASSERT_EQ(bwd, FA_OK) << bwd_error;
+    cudaGraphExec_t exec = nullptr;
+    FA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+    // More masks than the device cache keeps, each called once eagerly.
+    for (int other = 0; other < 16; ++other) {
+      VariantRun r;
+      ASSERT_TRUE(run_cuda(capture_problem(6500 + 16 * d + other, d), true, r));
+    }
+    for (int replay = 0; replay < 2; ++replay) {
+      calls.poison();
+      FA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const VariantRun replayed = calls.results();
+      expect_same_bytes(replayed.out, eager.out, "out");
+      expect_same_bytes(replayed.lse, eager.lse, "lse");
+      expect_same_bytes(replayed.dk, eager.dk, "dk");
+      expect_same_bytes(replayed.dv, eager.dv, "dv");
+      expect_backward_matches(p, replayed.dq, replayed.dk, replayed.dv, replayed.dsinks);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 // A block mask with dropout: the sm80 kernels run one or the other, so both

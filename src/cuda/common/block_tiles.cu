@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 #include <climits>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <cstdint>
@@ -257,11 +258,14 @@ class TileCache {
     BlockTiles view;
     std::string declined;
   };
-  Hit find(const CacheKey& key) {
+  // pin: the caller is being captured into a CUDA graph, which will replay
+  // the launch with this buffer's address: the entry is never evicted.
+  Hit find(const CacheKey& key, bool pin) {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (Entry& e : entries_) {
       if (e.key == key) {
         e.last_use = ++clock_;
+        e.pinned = e.pinned || pin;
         return {true, e.buffer, e.view, e.declined};
       }
     }
@@ -269,11 +273,17 @@ class TileCache {
   }
   void insert(CacheKey key, std::shared_ptr<void> buffer, const BlockTiles& view, std::string declined = {}) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() == kEntries) {
-      entries_.erase(std::min_element(entries_.begin(), entries_.end(),
-                                      [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; }));
+    // The least recently used entry that no captured graph holds goes when
+    // kEntries of them are kept (pinned ones come on top of those).
+    const auto unpinned = [](const Entry& e) { return !e.pinned; };
+    if (std::count_if(entries_.begin(), entries_.end(), unpinned) >= static_cast<std::ptrdiff_t>(kEntries)) {
+      auto oldest = std::find_if(entries_.begin(), entries_.end(), unpinned);
+      for (auto e = oldest; e != entries_.end(); ++e) {
+        if (!e->pinned && e->last_use < oldest->last_use) oldest = e;
+      }
+      entries_.erase(oldest);
     }
-    entries_.push_back({std::move(key), std::move(buffer), view, std::move(declined), ++clock_});
+    entries_.push_back({std::move(key), std::move(buffer), view, std::move(declined), ++clock_, false});
   }
 
  private:
@@ -286,6 +296,7 @@ class TileCache {
     BlockTiles view;
     std::string declined;
     uint64_t last_use;
+    bool pinned;  // used under stream capture: a graph may replay its address
   };
   std::mutex mutex_;
   std::vector<Entry> entries_;
@@ -454,12 +465,16 @@ fa_status BlockTileBuffer::build(const AttentionParams& p, int tile_m, int tile_
   if (const cudaError_t err = cudaStreamIsCapturing(stream_, &capture); err != cudaSuccess) {
     return device_error(err, "cudaStreamIsCapturing");
   }
-  if (capture != cudaStreamCaptureStatusNone) {
-    return fail(FA_ERROR_UNSUPPORTED, "block_mask: the lists are copied to the device on every call, which a "
-                                      "CUDA graph cannot capture (docs/variants.md)");
-  }
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
   CacheKey key = cache_key(p, tile_m, tile_n, walk, grid);
-  const TileCache::Hit hit = TileCache::instance().find(key);
+  const TileCache::Hit hit = TileCache::instance().find(key, capturing);
+  if (!hit.found && capturing) {
+    return fail(FA_ERROR_UNSUPPORTED,
+                "block_mask under CUDA-graph capture: the device lists of this mask for this launch are not "
+                "built yet (a graph cannot capture their copy from host memory); make the same call once "
+                "before capturing, as graph warm-up does (lists over " +
+                    std::to_string(kMaxCachedBytes >> 20) + " MiB are never kept; docs/variants.md)");
+  }
   if (hit.found) {
     if (!hit.declined.empty()) return fail(FA_ERROR_UNSUPPORTED, hit.declined);
     cached_ = hit.buffer;

@@ -8,8 +8,10 @@
 // pageable memory (staged by the driver: no wait on the stream's earlier
 // work); the last few are kept on the device and reused when a call brings
 // the same lists for the same launch. A CUDA graph cannot capture the copy (it
-// would replay a host buffer freed after the call), so a block mask under
-// capture is refused.
+// would replay a host buffer freed after the call): under capture a launch
+// takes the kept lists of an earlier call (graph warm-up) and pins them for
+// the process's lifetime, since the graph replays their address; without
+// them it is refused.
 #pragma once
 
 #include <cuda_runtime.h>
