@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/harness.h"
@@ -235,6 +238,53 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
       EXPECT_EQ(g.dv.bytes, first.dv.bytes) << "run " << run;
     }
   }
+}
+
+// Deterministic mode under load: 2048 x 2048, GQA 4 / 2, so 32-64 key-tile
+// CTAs add into each query tile's dQ rows in turn; 50 backward calls through
+// fa_backward (on the Hopper kernel, then with FLASHATTN_DISABLE_SM90 on the
+// sm80 one) give one set of bits. The release that passes a turn on is the
+// only ordering of the adds (no fence per thread: sm90/bwd/dq.cuh NOTES), so
+// a missing order shows here as dq bits that move.
+TEST(Sm90BackwardDeterministic, BitwiseIdenticalOverFiftyRunsAtScale) {
+  FA_REQUIRE_SM90();
+  for (const bool sm80 : {false, true}) {
+    if (sm80) setenv("FLASHATTN_DISABLE_SM90", "1", 1);
+    for (const int d : {64, 128, 256}) {
+      Case c = make_case(FA_BF16, 2048, 2048, d, 7900 + static_cast<uint64_t>(d));
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      SCOPED_TRACE(std::string(sm80 ? "sm80 " : "sm90 ") + c.name());
+      const Problem p = make_problem(c);
+      DeviceProblem dp(p);
+      DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
+      fa_options o = dp.options();
+      o.deterministic = 1;
+      ASSERT_EQ(fa_forward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &lse.desc, nullptr, &o), FA_OK)
+          << fa_last_error();
+      Grads first;
+      for (int run = 0; run < 50; ++run) {
+        DeviceTensor dq = DeviceTensor::upload(p.poisoned_like_q());
+        DeviceTensor dk = DeviceTensor::upload(p.poisoned_like_k()), dv = DeviceTensor::upload(p.poisoned_like_k());
+        ASSERT_EQ(fa_backward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &dp.dout.desc, &lse.desc, &dq.desc,
+                              &dk.desc, &dv.desc, nullptr, &o, nullptr, 0),
+                  FA_OK)
+            << fa_last_error();
+        Grads g{dq.download(p.poisoned_like_q()), dk.download(p.poisoned_like_k()), dv.download(p.poisoned_like_k())};
+        if (run == 0) {
+          EXPECT_NE(g.dq.bytes, p.poisoned_like_q().bytes) << "dq written";
+          EXPECT_NE(g.dk.bytes, p.poisoned_like_k().bytes) << "dk written";
+          EXPECT_NE(g.dv.bytes, p.poisoned_like_k().bytes) << "dv written";
+          first = std::move(g);
+          continue;
+        }
+        ASSERT_EQ(g.dq.bytes, first.dq.bytes) << "dq, run " << run;
+        ASSERT_EQ(g.dk.bytes, first.dk.bytes) << "dk, run " << run;
+        ASSERT_EQ(g.dv.bytes, first.dv.bytes) << "dv, run " << run;
+      }
+    }
+  }
+  unsetenv("FLASHATTN_DISABLE_SM90");
 }
 
 // fa_backward takes this kernel for f16/bf16 at every head dim (96 on the 128

@@ -28,8 +28,9 @@ __device__ __forceinline__ void wait_dq_turn(const int* sem, const MaskPolicy& m
     }
   }
 }
-// Called by one thread after this key tile's adds into the tile are performed
-// and ordered before it (fence, barrier).
+// Called by one thread once every thread's adds into the tile precede it:
+// by a CTA barrier (the release store is cumulative) or, for adds through
+// the async proxy (TMA), by waiting for their completion and a proxy fence.
 __device__ __forceinline__ void publish_dq_turn(int* sem, int n_tile) { st_release_gpu(sem, n_tile + 1); }
 
 }  // namespace flashattn::cuda

@@ -580,7 +580,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
       if (p.deterministic) {
-        __threadfence();  // this CTA's adds are performed before the semaphore moves
+        // The adds precede the barrier, the barrier thread 0's release store:
+        // the release is cumulative, no fence per thread (sm90/bwd/dq.cuh NOTES).
         __syncthreads();
         if (tid == 0) publish_dq_turn(ws.dq_semaphore(p, b, h, m), n_tile);
       }

@@ -14,7 +14,14 @@
 //   only after key tile n+1 (if it sees m) has published its own (a counter
 //   per (sequence, query head, query tile), release/acquire, as the sm80
 //   kernel orders its atomics); the highest key tile is dispatched first so
-//   that the chain cannot deadlock. Varlen batches
+//   that the chain cannot deadlock. Split-d publishes without a fence per
+//   thread: each thread's red.global adds are ordered before the consumers'
+//   barrier, the barrier before the publishing thread's st.release.gpu, and
+//   a release is cumulative, so the next key tile's acquire sees them all (the
+//   pattern of CUTLASS's semaphore). A __threadfence() in every thread, which
+//   waited for its own adds' round trip each step, made the mode cost
+//   +36-50% (non-causal) at d 256 against +15-29% without it
+//   (docs/performance.md section 3.3). Varlen batches
 //   fall back to sm80 there: a tile's zero rows past its sequence are added
 //   into the next sequence's rows in no fixed order (the sign of a zero could
 //   change between runs).
@@ -173,7 +180,9 @@ __device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], cons
     __syncwarp();
   }
   if (sem != nullptr) {
-    __threadfence();  // this thread's adds are performed before the semaphore moves
+    // Every consumer thread's adds precede the barrier, which precedes the
+    // one release store that publishes them (cumulativity of the release in
+    // the PTX memory model: NOTES).
     named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
     if (th.cw == 0 && th.tid == 0) publish_dq_turn(sem, cta.n_tile);
   }
