@@ -40,6 +40,7 @@ differentiable: no gradient flows back through it.
 """
 
 import contextlib
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -117,6 +118,34 @@ def _dropout_kwargs(dropout):
     return dict(dropout_p=float(p), dropout_seed=int(seed), dropout_offset=int(offset))
 
 
+# Host copies of block-mask lists that live on a GPU, by id of the tensor: (a weak reference
+# to it, its version counter, the copy). An entry goes with its tensor.
+_HOST_LISTS = {}
+
+
+def _host_lists(t):
+    """t (int32 lists) as a contiguous host tensor. A GPU tensor is copied to the host, which
+    synchronizes the stream; under CUDA-graph capture, where that copy is not allowed, the
+    copy made by a call before the capture (the warm-up) is reused if t is the same tensor,
+    unmodified since (its version counter)."""
+    t = torch.as_tensor(t)
+    if not t.is_cuda:
+        return t.contiguous()
+    key = id(t)
+    entry = _HOST_LISTS.get(key)
+    kept = entry is not None and entry[0]() is t and entry[1] == t._version
+    if torch.cuda.is_current_stream_capturing():
+        if not kept:
+            raise RuntimeError(
+                "flashattn: a block mask with lists on the GPU is copied to the host on every call, "
+                "which CUDA-graph capture does not allow; call once with this mask before capturing "
+                "(the warm-up keeps its host copy), or pass lists in host memory (docs/variants.md)")
+        return entry[2]
+    host = t.cpu().contiguous()
+    _HOST_LISTS[key] = (weakref.ref(t, lambda _, key=key: _HOST_LISTS.pop(key, None)), t._version, host)
+    return host
+
+
 def _block_lists(parts):
     """A block mask's parts (block_q, block_k, 4 int32 lists or None) with the lists as
     contiguous host tensors (NumPy arrays are taken without a copy; lists on a GPU, as
@@ -124,7 +153,7 @@ def _block_lists(parts):
     reads them there and copies what its kernels need to the device, docs/variants.md)."""
     if parts is None:
         return None
-    return parts[:2] + tuple(None if t is None else torch.as_tensor(t).cpu().contiguous() for t in parts[2:])
+    return parts[:2] + tuple(None if t is None else _host_lists(t) for t in parts[2:])
 
 
 def _block_args(parts):

@@ -28,7 +28,7 @@ the same pattern in the sign of its S_dmask); None without dropout.
 
 Block-sparse attention (keyword block_mask=, on the CPU and on CUDA; lists on a GPU
 are copied to the host per call; under CUDA-graph capture a mask is taken when a call
-before the capture (the warm-up) had the same lists, as host tensors; on CUDA not
+before the capture (the warm-up) had the same lists, unmodified; on CUDA not
 together with dropout_p > 0, which only the CPU backend runs): a
 FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
 flashattn.BlockMask (the same attributes over int32 NumPy arrays or tensors). Each

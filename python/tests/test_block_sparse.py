@@ -405,3 +405,34 @@ def test_cuda_graph_replays_a_host_block_mask():
             torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
         else:
             assert torch.equal(got, want), name
+
+
+def test_cuda_graph_with_a_gpu_block_mask():
+    """A BlockMask on the GPU (create_block_mask(device="cuda")) in a CUDA graph: its lists are
+    copied to the host per call, which capture forbids, so a capture before any call with the
+    mask raises (naming the warm-up); after one eager call the capture reuses that host copy
+    and the replay gives the eager values."""
+    torch, flex = _cuda_torch()
+    n = 384
+    bm = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, n, n, device="cuda", BLOCK_SIZE=128)
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    q, k, v = (torch.randn(1, n, 2, 128, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def call():
+        return flashattn.flash_attn_func(q, k, v, causal=True, block_mask=bm)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with pytest.raises(RuntimeError, match="before capturing"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            call()
+    with torch.cuda.stream(side):
+        eager = call()  # the warm-up: keeps the lists' host copy
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
