@@ -241,33 +241,46 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
 }
 
 // Deterministic mode under load: 2048 x 2048, GQA 4 / 2, so 32-64 key-tile
-// CTAs add into each query tile's dQ rows in turn; 50 backward calls through
+// CTAs add into each query tile's dQ rows in turn, and a varlen batch whose
+// sequences end inside query tiles (the Hopper kernel's TMA boxes of those
+// tiles reach into the next sequence's rows); 50 backward calls through
 // fa_backward (on the Hopper kernel, then with FLASHATTN_DISABLE_SM90 on the
 // sm80 one) give one set of bits. The release that passes a turn on is the
 // only ordering of the adds (no fence per thread: sm90/bwd/dq.cuh NOTES), so
 // a missing order shows here as dq bits that move.
 TEST(Sm90BackwardDeterministic, BitwiseIdenticalOverFiftyRunsAtScale) {
   FA_REQUIRE_SM90();
+  std::vector<Case> cases;
+  for (const int d : {64, 128, 256}) {
+    Case c = make_case(FA_BF16, 2048, 2048, d, 7900 + static_cast<uint64_t>(d));
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    cases.push_back(c);
+    // Sequences ending inside query tiles, an empty one, a one-row one.
+    c = make_case(FA_BF16, 0, 0, d, 7950 + static_cast<uint64_t>(d));
+    c.varlen_q = {1000, 777, 1, 0, 1300, 963};
+    c.varlen_k = c.varlen_q;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    cases.push_back(c);
+  }
   for (const bool sm80 : {false, true}) {
     if (sm80) setenv("FLASHATTN_DISABLE_SM90", "1", 1);
-    for (const int d : {64, 128, 256}) {
-      Case c = make_case(FA_BF16, 2048, 2048, d, 7900 + static_cast<uint64_t>(d));
-      c.heads_q = 4;
-      c.heads_kv = 2;
+    for (const Case& c : cases) {
       SCOPED_TRACE(std::string(sm80 ? "sm80 " : "sm90 ") + c.name());
       const Problem p = make_problem(c);
       DeviceProblem dp(p);
       DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
       fa_options o = dp.options();
       o.deterministic = 1;
-      ASSERT_EQ(fa_forward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &lse.desc, nullptr, &o), FA_OK)
+      ASSERT_EQ(fa_forward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &lse.desc, dp.varlen_ptr(), &o), FA_OK)
           << fa_last_error();
       Grads first;
       for (int run = 0; run < 50; ++run) {
         DeviceTensor dq = DeviceTensor::upload(p.poisoned_like_q());
         DeviceTensor dk = DeviceTensor::upload(p.poisoned_like_k()), dv = DeviceTensor::upload(p.poisoned_like_k());
         ASSERT_EQ(fa_backward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &dp.dout.desc, &lse.desc, &dq.desc,
-                              &dk.desc, &dv.desc, nullptr, &o, nullptr, 0),
+                              &dk.desc, &dv.desc, dp.varlen_ptr(), &o, nullptr, 0),
                   FA_OK)
             << fa_last_error();
         Grads g{dq.download(p.poisoned_like_q()), dk.download(p.poisoned_like_k()), dv.download(p.poisoned_like_k())};
@@ -289,8 +302,8 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalOverFiftyRunsAtScale) {
 
 // fa_backward takes this kernel for f16/bf16 at every head dim (96 on the 128
 // kernel), deterministic or not, softcap or not, unless FLASHATTN_DISABLE_SM90
-// is set, and the result is right; softcap with ALiBi and deterministic varlen
-// are not this kernel's (sm80 fallback).
+// is set, and the result is right, varlen included; softcap with ALiBi and
+// deterministic varlen with dropout are not this kernel's (sm80 fallback).
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -322,10 +335,25 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
     Grads g;
     bool supported = false;
     ASSERT_TRUE(run_backward(p, Path::kPublicApi, det, &g, &supported));
-    EXPECT_EQ(supported, !det) << v.name() << (det ? " deterministic" : "");
+    EXPECT_TRUE(supported) << v.name() << (det ? " deterministic" : "");
     SCOPED_TRACE(v.name() + (det ? " deterministic" : ""));
     expect_matches_reference(p, g);
   }
+  // Deterministic varlen with dropout: the sm80 kernel's.
+  const Problem p = make_problem(v);
+  DeviceProblem d(p);
+  DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
+  DeviceTensor dq = DeviceTensor::upload(p.poisoned_like_q());
+  DeviceTensor dk = DeviceTensor::upload(p.poisoned_like_k()), dv = DeviceTensor::upload(p.poisoned_like_k());
+  fa_options o = d.options();
+  o.deterministic = 1;
+  const BackwardArgs args{&d.q.desc, &d.k.desc, &d.v.desc, &out.desc, &d.dout.desc, &lse.desc,
+                          &dq.desc,  &dk.desc,  &dv.desc, d.varlen_ptr(), &o};
+  AttentionParams params;
+  ASSERT_EQ(make_backward_params(args, &params), FA_OK) << fa_last_error();
+  EXPECT_TRUE(cuda::sm90::supports_backward(params));
+  params.dropout = Dropout::make(0.125f, 1, 2);
+  EXPECT_FALSE(cuda::sm90::supports_backward(params));
 }
 
 }  // namespace

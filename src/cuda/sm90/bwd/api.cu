@@ -12,10 +12,10 @@
 namespace flashattn::cuda::sm90 {
 
 bool supports_backward(const AttentionParams& p) {
-  // Deterministic mode: ordered dQ adds, fixed-length batches only (kernel.cuh
-  // NOTES, tuning.h); d 64/128 order the TMA reduce-adds, d 256 its red.global
-  // adds (launch_backward checks the tuning allows one of them).
-  if (p.deterministic && p.is_varlen()) return false;
+  // Deterministic mode: ordered dQ adds (dq.cuh NOTES); d 64/128 order the TMA
+  // reduce-adds, d 256 its red.global adds (launch_backward checks the tuning
+  // allows one of them); varlen batches not with dropout (reduce_dq).
+  if (p.deterministic && p.is_varlen() && p.has_dropout()) return false;
   // Block masks (ListedQueryWalk): fixed lengths, not deterministic (the
   // ordered dQ adds count every key tile of the element mask), not with
   // dropout (refused before), and tiles the mask lists whole (launch.cuh).

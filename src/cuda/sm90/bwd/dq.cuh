@@ -21,10 +21,14 @@
 //   pattern of CUTLASS's semaphore). A __threadfence() in every thread, which
 //   waited for its own adds' round trip each step, made the mode cost
 //   +36-50% (non-causal) at d 256 against +15-29% without it
-//   (docs/performance.md section 3.3). Varlen batches
-//   fall back to sm80 there: a tile's zero rows past its sequence are added
-//   into the next sequence's rows in no fixed order (the sign of a zero could
-//   change between runs).
+//   (docs/performance.md section 3.3). Varlen batches: the TMA boxes of the
+//   query tile that ends a sequence also add its rows past the sequence (dS =
+//   0 there) into the next sequence's rows, outside that sequence's turns.
+//   The reducer writes those rows as -0.0f first (negative_zero_rows): x +
+//   (-0) = x for every x, +0 and -0 included, so these adds change no bit in
+//   any order (a +0 would turn a -0 into +0, and an f32 reduction makes a -0
+//   when it flushes a negative subnormal result). Split-d adds only rows
+//   inside the sequence.
 // - dQ without TMA (d 256): the L2 counts requests, not bytes. A thread's
 //   accumulator fragment holds 2 adjacent columns per 8, so red.v2 from the
 //   fragment makes one 1-sector L2 request per instruction and lane; ncu on
@@ -48,10 +52,30 @@
 
 namespace flashattn::cuda::sm90 {
 
+// Rows [rows, kBlockM) of a staged dQ tile (every 32-column box) set to
+// -0.0f by the reducer warp, then made visible to its TMA reads.
+template <class K>
+__device__ __forceinline__ void negative_zero_rows(uint8_t* staged, int rows, int lane) {
+  const uint32_t base = smem_addr(staged);
+  for (int unit = rows * 8 + lane; unit < K::kBlockM * 8; unit += 32) {  // 16-byte units, 8 a row
+#pragma unroll 1
+    for (int box = 0; box < K::kHeadDim / 32; ++box) {
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + box * K::kBlockM * 128 + unit * 16),
+                   "r"(0x80000000u)
+                   : "memory");
+    }
+  }
+  fence_proxy_async_smem();
+  __syncwarp();
+}
+
 // The reducer warp: adds each finished dQ tile into the f32 accumulator with
 // one TMA reduce per 32-column box (rows past the tensor are skipped; rows
-// past a varlen sequence hold zeros: dS = 0 there).
-template <class K, class Walk>
+// past a varlen sequence hold zeros: dS = 0 there; -0.0f in deterministic
+// mode, NOTES). kDeterministicVarlen: the kernel runs deterministic varlen
+// calls (not with dropout or a block mask: api.cu; the code took the d 128
+// dropout kernel's spill from 44 to 48 bytes).
+template <class K, class Walk, bool kDeterministicVarlen>
 __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const AttentionParams& p,
                                           const bwd::Workspace& ws, const BwdCta& cta,
                                           const typename Walk::Tiles& tiles, int lane, int bq, int row_q0) {
@@ -68,6 +92,9 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
       fence_proxy_async_global();  // its adds (seen by the acquire) before ours
     }
     named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
+    if (kDeterministicVarlen && sem != nullptr && cta.varlen && q0 + K::kBlockM > cta.seq.seqlen_q) {
+      negative_zero_rows<K>(smem + K::kDqOff + qb * K::kDqBytes, cta.seq.seqlen_q - q0, lane);
+    }
     if (lane == 0) {
 #pragma unroll
       for (int c = 0; c < K::kHeadDim / 32; ++c)

@@ -38,9 +38,9 @@
 //             (bottom-right), GQA/MQA (the CTA loops over the query heads of
 //             its group, as sm80 does), varlen (zero-length sequences
 //             included), fully masked rows (zero gradients),
-//             deterministic mode for fixed-length batches (ordered TMA dQ
-//             adds at d 64/128, ordered red.global adds at d 256).
-//   fallback: deterministic mode for varlen batches (kernel.cuh NOTES),
+//             deterministic mode (ordered TMA dQ adds at d 64/128, ordered
+//             red.global adds at d 256; dq.cuh NOTES).
+//   fallback: deterministic mode for varlen batches with dropout (dq.cuh),
 //             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
 //             in the kernel made ptxas serialize the wgmmas of every case,
 //             warning C7512),
