@@ -8,8 +8,8 @@
 //             dropout it is refused by backend.cu's checks, before anything
 //             runs.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
-//             (a block mask: fixed lengths, not deterministic, every listed
-//             tile whole on its tiles; FA_ERROR_UNSUPPORTED before any launch
+//             (a block mask: fixed lengths, every listed tile whole on
+//             its tiles; FA_ERROR_UNSUPPORTED before any launch
 //             otherwise), else sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).

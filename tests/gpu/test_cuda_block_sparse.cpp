@@ -1,8 +1,8 @@
 // Block-sparse masks (fa_block_mask) on the CUDA backend: the forward on the
 // Hopper kernel where the device has one (sm90/fwd/scheduler.cuh, ListedKeys)
 // and on the sm80 kernel (FLASHATTN_DISABLE_SM90); the backward on the Hopper
-// kernel where every listed tile is whole on its tiles (fixed lengths, not
-// deterministic: sm90/bwd/scheduler.cuh, ListedQueryWalk), else on sm80's:
+// kernel where every listed tile is whole on its tiles (fixed lengths:
+// sm90/bwd/scheduler.cuh, ListedQueryWalk), else on sm80's:
 // block_sparse_suite (densities 0, 0.1, 0.5, 1; blocks of 128 x 128 and sizes
 // dividing no length; causal, window + softcap, GQA with shared lists, ALiBi +
 // sinks, varlen with empty sequences, sizes 1 / 7 / 113 / 203, every head dim)
@@ -11,7 +11,8 @@
 // in part and not at all); the Hopper forward at density 1 bitwise equal to
 // its dense call; density 1 and
 // create_block_mask's causal / sliding-window masks bitwise equal to the
-// dense sm80 call; the deterministic backward bitwise stable; NaN in key tiles
+// dense sm80 call; the deterministic backward bitwise stable (sm80 and Hopper
+// kernels); NaN in key tiles
 // no listed block reaches reaching nothing (they are never read); lists in
 // device memory refused; CUDA-graph capture after warm-up calls (lists
 // pinned), refused without them; dropout with a block mask refused.
@@ -230,6 +231,40 @@ TEST(CudaBlockSparseBitwise, DeterministicBackwardIsStable) {
   expect_same_bytes(a.dq, b.dq, "dq");
   expect_same_bytes(a.dk, b.dk, "dk");
   expect_backward_matches(p, a.dq, a.dk, a.dv, a.dsinks);
+}
+
+// The deterministic backward on the Hopper kernel (blocks of 128 x 128 are
+// whole on its tiles): each key tile waits for the next-higher key tile that
+// lists and sees the query tile (BlockTiles::step_turns); 20 runs give one
+// set of bits, and the right ones. Causal and not, per-head lists with GQA,
+// densities 0.1 and 0.5, every kernel head dim.
+TEST(CudaBlockSparseBitwise, HopperDeterministicBackwardIsStable) {
+  FA_REQUIRE_GPU();
+  uint64_t seed = 6800;
+  for (const int d : {64, 128, 256}) {
+    for (const double density : {0.1, 0.5}) {
+      Case c = make_case(FA_BF16, 1000, 1300, d, seed++);
+      c.causal = density == 0.5;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.block_q = 128;
+      c.block_k = 128;
+      c.block_density = density;
+      SCOPED_TRACE(c.name());
+      Problem p = make_problem(c);
+      p.options.deterministic = 1;
+      VariantRun first;
+      ASSERT_TRUE(run_cuda(p, true, first));
+      expect_backward_matches(p, first.dq, first.dk, first.dv, first.dsinks);
+      for (int run = 1; run < 20; ++run) {
+        VariantRun r;
+        ASSERT_TRUE(run_cuda(p, true, r));
+        ASSERT_EQ(r.dq.bytes, first.dq.bytes) << "dq, run " << run;
+        ASSERT_EQ(r.dk.bytes, first.dk.bytes) << "dk, run " << run;
+        ASSERT_EQ(r.dv.bytes, first.dv.bytes) << "dv, run " << run;
+      }
+    }
+  }
 }
 
 // Writes NaN into the K and V rows of key blocks that no query block lists.

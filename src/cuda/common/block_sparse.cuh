@@ -113,6 +113,10 @@ struct BlockTiles {
   ListedBlocks blocks;
   TileSchedule schedule;  // built for a persistent launch only (BlockTileBuffer::build's grid)
   TileList steps;         // kGroupSteps: per (sequence, kv head, key tile) its (query head, query tile) steps
+  // kGroupSteps, per entry of steps: the key tile whose dQ adds into the
+  // step's (query head, query tile) come right before this key tile's in
+  // deterministic mode (the next-higher one that lists and sees it), or -1.
+  const int32_t* step_turns = nullptr;
 
   // The list row of (sequence b, query head h).
   FA_HOST_DEVICE static int64_t list_row(const BlockMaskView& m, int b, int h) {

@@ -135,15 +135,32 @@ HostTileList transpose(const HostTileList& by_query, int64_t rows, int64_t q_til
   return out;
 }
 
+// The lowest key tile above n that lists query tile q of list row `row` and
+// sees it under the element mask (its query_begin; above n the query_end
+// only grows), or -1: whose dQ adds precede key tile n's in the
+// deterministic backward.
+int32_t turn_before(const HostTileLists& lists, const MaskPolicy& mask, int64_t row, int q, int n, int q_tiles,
+                    int tile_m, int tile_n) {
+  const int64_t r = row * q_tiles + q;
+  const auto first = lists.key_entries.begin() + lists.key_start[r];
+  const auto last = lists.key_entries.begin() + lists.key_start[r + 1];
+  const auto next = std::upper_bound(first, last, n, [](int v, int32_t e) { return v < TileList::index(e); });
+  if (next == last) return -1;
+  const int n_next = TileList::index(*next);
+  return mask.query_begin(n_next * tile_n) / tile_m <= q ? n_next : -1;
+}
+
 // kGroupSteps: the transposed lists restated per (sequence b, kv head hk,
 // key tile n) as steps h << kStepHeadShift | m, query heads h of the group in
 // turn, each head's query tiles ascending inside [query_begin, query_end) of
-// the element mask (as the kernel's own range); false when one is not full.
+// the element mask (as the kernel's own range), each with its turn_before in
+// `turns`; false when one is not full.
 bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, int k_tiles,
-                 HostTileList& out) {
+                 HostTileList& out, std::vector<int32_t>& turns) {
   const BlockMaskView& m = p.block_mask;
   const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
   const int group = p.group_size();
+  const int q_tiles = static_cast<int>(tiles_of(p.seqlen_q, tile_m));
   for (int b = 0; b < p.batch; ++b) {
     for (int hk = 0; hk < p.heads_kv; ++hk) {
       for (int n = 0; n < k_tiles; ++n) {
@@ -157,6 +174,8 @@ bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_
             if (q < m_begin || q >= m_end) continue;
             if (!TileList::full(lists.query_entries[e])) return false;
             out.entries.push_back((hk * group + g) << kStepHeadShift | q);
+            turns.push_back(turn_before(lists, mask, BlockTiles::list_row(m, b, hk * group + g), q, n, q_tiles,
+                                        tile_m, tile_n));
           }
         }
         out.start.push_back(static_cast<int32_t>(out.entries.size()));
@@ -309,7 +328,7 @@ constexpr size_t kMaxCachedBytes = size_t{64} << 20;
 // The host image of a launch's tile lists and where each part starts in it.
 struct Layout {
   size_t kq_start = 0, kq_entries = 0, qk_start = 0, qk_entries = 0, bit_words = 0, schedule = 0;
-  size_t steps_start = 0, steps_entries = 0;
+  size_t steps_start = 0, steps_entries = 0, steps_turns = 0;
   int q_tiles = 0, k_tiles = 0, words = 0, steps = 0;
   bool backward = false, bits = false, group_steps = false;
 };
@@ -322,7 +341,8 @@ fa_status append_group_steps(const AttentionParams& p, const HostTileLists& list
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps past their bit fields");
   }
   HostTileList steps;
-  if (!group_steps(p, lists, tile_m, tile_n, at.k_tiles, steps)) {
+  std::vector<int32_t> turns;
+  if (!group_steps(p, lists, tile_m, tile_n, at.k_tiles, steps, turns)) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: a visited tile not full on the kernel's tiles");
   }
   if (steps.entries.size() > static_cast<size_t>(INT32_MAX)) {
@@ -330,6 +350,7 @@ fa_status append_group_steps(const AttentionParams& p, const HostTileLists& list
   }
   at.steps_start = img.append(steps.start);
   at.steps_entries = img.append(steps.entries);
+  at.steps_turns = img.append(turns);
   at.group_steps = true;
   return FA_OK;
 }
@@ -379,7 +400,10 @@ BlockTiles view_of(const Layout& at, const void* device) {
   if (at.backward) v.query_tiles = {ints(at.qk_start), ints(at.qk_entries), at.k_tiles};
   if (at.bits) v.blocks = {base + at.bit_words, at.words};
   if (at.steps > 0) v.schedule = {ints(at.schedule), at.steps};
-  if (at.group_steps) v.steps = {ints(at.steps_start), ints(at.steps_entries), at.k_tiles};
+  if (at.group_steps) {
+    v.steps = {ints(at.steps_start), ints(at.steps_entries), at.k_tiles};
+    v.step_turns = ints(at.steps_turns);
+  }
   return v;
 }
 

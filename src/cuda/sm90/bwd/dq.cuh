@@ -88,7 +88,7 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
     int* sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, m) : nullptr;
     if (sem != nullptr && lane == 0) {
       // Key tile n+1, if it sees query tile m, adds its share first.
-      wait_dq_turn(sem, cta.mask, m, cta.n_tile, K::kBlockM, K::kBlockN, cta.seq.seqlen_k);
+      wait_dq_turn(sem, cta.mask, m, Walk::turn_before(tiles, cta, it), K::kBlockM, K::kBlockN, cta.seq.seqlen_k);
       fence_proxy_async_global();  // its adds (seen by the acquire) before ours
     }
     named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
@@ -169,10 +169,11 @@ __device__ __forceinline__ uint32_t dq_scratch(uint32_t p_base, uint32_t ds_base
 // of each). Their last readers, tile it - 1's wgmmas of both warpgroups,
 // finished before either reached this tile's kDsBarrier; their next writer is
 // this warp's store_transposed of tile it + 1.
-template <class K>
+template <class K, class Walk>
 __device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], const AttentionParams& p,
-                                            const bwd::Workspace& ws, const BwdCta& cta, const ConsumerThread& th,
-                                            uint32_t p_base, uint32_t ds_base, int buf, int h, int q0) {
+                                            const bwd::Workspace& ws, const BwdCta& cta,
+                                            const typename Walk::Tiles& tiles, const ConsumerThread& th,
+                                            uint32_t p_base, uint32_t ds_base, int it, int buf, int h, int q0) {
   constexpr int D = K::kHeadDim;
   float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0 + th.warp * 16) * D +
                    th.cw * K::kDqN;
@@ -183,7 +184,8 @@ __device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], cons
   int* const sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, q0 / K::kBlockM) : nullptr;
   if (sem != nullptr) {
     if (th.cw == 0 && th.tid == 0)
-      wait_dq_turn(sem, cta.mask, q0 / K::kBlockM, cta.n_tile, K::kBlockM, K::kBlockN, cta.seq.seqlen_k);
+      wait_dq_turn(sem, cta.mask, q0 / K::kBlockM, Walk::turn_before(tiles, cta, it), K::kBlockM, K::kBlockN,
+                   cta.seq.seqlen_k);
     named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
   }
 #pragma unroll
@@ -235,9 +237,10 @@ __device__ __forceinline__ void red_dq_frags(const float (&dq)[K::kDqN / 2], con
 
 // This consumer's dQ partial of iteration it (query tile q0 of head h) into
 // the accumulator, the configuration's way.
-template <class K>
+template <class K, class Walk>
 __device__ __forceinline__ void write_dq(const float (&dq)[K::kDqN / 2], const AttentionParams& p,
-                                         const bwd::Workspace& ws, const BwdCta& cta, const ConsumerThread& th,
+                                         const bwd::Workspace& ws, const BwdCta& cta,
+                                         const typename Walk::Tiles& tiles, const ConsumerThread& th,
                                          uint32_t p_base, uint32_t ds_base, int it,
                                          int buf, int h, int q0) {
   const int dq_row0 = (K::kDqSplitM ? th.cw * 64 : 0) + th.warp * 16 + th.lane / 4;
@@ -245,7 +248,7 @@ __device__ __forceinline__ void write_dq(const float (&dq)[K::kDqN / 2], const A
   if constexpr (K::kDqTma) {
     stage_dq<K>(dq, th, it, dq_row0);
   } else if constexpr (K::kSplitD) {
-    red_dq_rows<K>(dq, p, ws, cta, th, p_base, ds_base, buf, h, q0);
+    red_dq_rows<K, Walk>(dq, p, ws, cta, tiles, th, p_base, ds_base, it, buf, h, q0);
   } else {
     red_dq_frags<K>(dq, p, ws, cta, h, q0, dq_row0, dq_col0);
   }

@@ -312,7 +312,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     fence_operands(da);
     if constexpr (!K::kSplitD) release_stage<K>(dv, dk, &sm.empty[s], th.lane);
 
-    write_dq<K>(dq, p, ws, cta, th, op.p_base, op.ds_base, it, buf, h, q0);
+    write_dq<K, Walk>(dq, p, ws, cta, tiles, th, op.p_base, op.ds_base, it, buf, h, q0);
     if constexpr (K::kSplitD) {
       wgmma_wait<0>();
       release_stage<K>(dv, dk, &sm.empty[s], th.lane);

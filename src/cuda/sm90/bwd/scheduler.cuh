@@ -63,7 +63,9 @@ struct BwdCta {
 //   ListedQueryWalk  the steps of a block mask listed for the key tile, built
 //                    on the host (BlockWalk::kGroupSteps: each a full tile,
 //                    inside the element mask's range); a key tile no query
-//                    tile lists walks none and writes dK = dV = 0
+//                    tile lists walks none and writes dK = dV = 0; in
+//                    deterministic mode a key tile's dQ turn follows the
+//                    next-higher key tile that lists the same query tile
 // Walk::Tiles: the lists the kernel gets (kernel.cuh).
 struct DenseQueryWalk {
   struct Tiles {};
@@ -74,6 +76,10 @@ struct DenseQueryWalk {
     h = c.head(it);
     m = c.w.query_tile(it);
   }
+  // Deterministic mode: one below the key tile that adds into step it's
+  // (h, m) right before this one (wait_dq_turn's n_tile, which waits only if
+  // that key tile sees m): the next-higher key tile.
+  __device__ __forceinline__ static int turn_before(const Tiles&, const BwdCta& c, int) { return c.n_tile; }
 };
 
 struct ListedQueryWalk {
@@ -92,6 +98,15 @@ struct ListedQueryWalk {
     const int32_t entry = tiles.steps.entries[c.w.first + it];
     h = entry >> kStepHeadShift;
     m = entry & kStepTileMask;
+  }
+  // As DenseQueryWalk's: the next-higher key tile that lists and sees the
+  // step's (h, m), found on the host (BlockTiles::step_turns; -1: none, and
+  // gridDim.x - 1 makes wait_dq_turn return at once).
+  // NOTES: a binary search here (as the sm80 kernel does) spilled 8 bytes
+  // in the d 64 / d 128 block-mask kernels.
+  __device__ __forceinline__ static int turn_before(const Tiles& tiles, const BwdCta& c, int it) {
+    const int n = tiles.step_turns[c.w.first + it];
+    return (n < 0 ? static_cast<int>(gridDim.x) : n) - 1;
   }
 };
 
