@@ -135,19 +135,14 @@ HostTileList transpose(const HostTileList& by_query, int64_t rows, int64_t q_til
   return out;
 }
 
-// The lowest key tile above n that lists query tile q of list row `row` and
-// sees it under the element mask (its query_begin; above n the query_end
-// only grows), or -1: whose dQ adds precede key tile n's in the
-// deterministic backward.
-int32_t turn_before(const HostTileLists& lists, const MaskPolicy& mask, int64_t row, int q, int n, int q_tiles,
-                    int tile_m, int tile_n) {
-  const int64_t r = row * q_tiles + q;
-  const auto first = lists.key_entries.begin() + lists.key_start[r];
-  const auto last = lists.key_entries.begin() + lists.key_start[r + 1];
-  const auto next = std::upper_bound(first, last, n, [](int v, int32_t e) { return v < TileList::index(e); });
-  if (next == last) return -1;
-  const int n_next = TileList::index(*next);
-  return mask.query_begin(n_next * tile_n) / tile_m <= q ? n_next : -1;
+// The lowest key tile above n that lists query tile q of list row `row`, or
+// -1: whose dQ adds precede key tile n's in the deterministic backward
+// (wait_dq_turn skips the wait where that tile does not see q under the
+// element mask; above it no tile does, query_begin only grows with the key).
+int32_t turn_before(const HostTileLists& lists, int64_t row, int q, int n, int q_tiles, int k_tiles) {
+  const TileList by_query{lists.key_start.data(), lists.key_entries.data(), q_tiles};
+  const int n_next = next_key_tile(by_query, row, q, n, k_tiles);
+  return n_next == k_tiles ? -1 : n_next;
 }
 
 // kGroupSteps: the transposed lists restated per (sequence b, kv head hk,
@@ -174,8 +169,7 @@ bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_
             if (q < m_begin || q >= m_end) continue;
             if (!TileList::full(lists.query_entries[e])) return false;
             out.entries.push_back((hk * group + g) << kStepHeadShift | q);
-            turns.push_back(turn_before(lists, mask, BlockTiles::list_row(m, b, hk * group + g), q, n, q_tiles,
-                                        tile_m, tile_n));
+            turns.push_back(turn_before(lists, BlockTiles::list_row(m, b, hk * group + g), q, n, q_tiles, k_tiles));
           }
         }
         out.start.push_back(static_cast<int32_t>(out.entries.size()));
