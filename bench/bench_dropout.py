@@ -6,13 +6,13 @@ flashattn.flash_attn_func forward and forward + backward (autograd, as bench_att
   sm80        FLASHATTN_DISABLE_SM90=1, no dropout
   sm80+drop   FLASHATTN_DISABLE_SM90=1, dropout_p = P
   hopper      the default dispatch (the Hopper kernels on an H100), no dropout
-  hopper+drop the default dispatch with dropout_p = P (the Hopper forward; the backward
-              is the sm80 kernel's until the Hopper backward has dropout)
+  hopper+drop the default dispatch with dropout_p = P (the Hopper forward and backward)
 Each time is the median of ROUNDS rounds of triton.testing.do_bench medians (warmup 100 ms,
 rep 500 ms), the four configurations in a different order each round (timing_order.py).
 Prints a table with the ratios dropout / sm80 and dropout / hopper.
 
     python3 bench/bench_dropout.py [--seqlens 2048,8192] [--masks none,causal] [--p 0.1]
+                                   [--configs hopper,hopper+drop]   (a subset, for A/B runs of builds)
 """
 import argparse
 import os
@@ -63,13 +63,18 @@ def main():
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--p", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="a subset of " + ",".join(CONFIGS))
     args = ap.parse_args()
+    configs = args.configs.split(",")
+    if any(c not in CONFIGS for c in configs):
+        ap.error(f"--configs: each of {','.join(CONFIGS)}")
     print(f"# {torch.cuda.get_device_name()}, flashattn {flashattn._capi.library_path()}, "
           f"bf16, {HEADS} heads, d {args.hdim}, {TOKENS} tokens per batch, dropout_p {args.p}, "
           f"median of {args.rounds} rounds of do_bench medians")
-    print("| seqlen | mask | pass | " + " | ".join(f"{c} ms" for c in CONFIGS)
-          + " | drop / sm80 | drop / hopper |")
-    print("|" + " --- |" * (5 + len(CONFIGS)))
+    ratios = [(f"{base}+drop", base) for base in ("sm80", "hopper") if base in configs and f"{base}+drop" in configs]
+    print("| seqlen | mask | pass | " + " | ".join(f"{c} ms" for c in configs)
+          + "".join(f" | drop / {base}" for _, base in ratios) + " |")
+    print("|" + " --- |" * (3 + len(configs) + len(ratios)))
     for s in (int(x) for x in args.seqlens.split(",")):
         b = max(1, TOKENS // s)
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -79,15 +84,14 @@ def main():
         for mask in args.masks.split(","):
             causal = mask == "causal"
             for backward in (False, True):
-                times = {c: [] for c in CONFIGS}
+                times = {c: [] for c in configs}
                 for r in range(args.rounds):
-                    for c in round_order(list(CONFIGS), r):
+                    for c in round_order(list(configs), r):
                         times[c].append(time_ms(runner(c, q, k, v, dout, causal, args.p, backward)))
-                med = {c: statistics.median(times[c]) for c in CONFIGS}
+                med = {c: statistics.median(times[c]) for c in configs}
                 print(f"| {s} | {mask} | {'fwd+bwd' if backward else 'fwd'} | "
-                      + " | ".join(f"{med[c]:.3f}" for c in CONFIGS)
-                      + f" | {med['sm80+drop'] / med['sm80']:.3f} | {med['hopper+drop'] / med['hopper']:.3f} |",
-                      flush=True)
+                      + " | ".join(f"{med[c]:.3f}" for c in configs)
+                      + "".join(f" | {med[d] / med[base]:.3f}" for d, base in ratios) + " |", flush=True)
     os.environ.pop("FLASHATTN_DISABLE_SM90", None)
 
 

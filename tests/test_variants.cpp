@@ -553,7 +553,7 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
        {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
   };
   for (const Kat& k : kats) {
-    const Philox4x32 got = philox4x32_10(k.counter, k.k0, k.k1);
+    const Philox4x32 got = philox4x32<10>(k.counter, k.k0, k.k1);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(got.x[i], k.want.x[i]) << "word " << i;
   }
 }

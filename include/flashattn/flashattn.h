@@ -178,7 +178,7 @@ typedef struct fa_block_mask {
  *                 overwritten with the gradient of the loss w.r.t. sinks.
  *   dropout_p:    in [0, 1); each attention probability is dropped with this
  *                 probability and the kept ones scaled by 1 / (1 - p) (the lse is
- *                 the one before dropout). The keep bits are Philox4x32-10 of the
+ *                 the one before dropout). The keep bits are Philox4x32-7 of the
  *                 element's coordinates under (dropout_seed, dropout_offset): give
  *                 the backward the forward's values. fa_dropout_mask shows them.
  *   block_mask:   NULL, or the key blocks each query block visits (fa_block_mask);

@@ -9,8 +9,8 @@
 //
 // The keep bit of (sequence b, query head h, row i, key j), i and j counted
 // within the sequence, is a pure function of those coordinates and the
-// caller's (seed, offset). One Philox4x32-10 call gives 16 bytes, 16 keep
-// decisions:
+// caller's (seed, offset). One Philox4x32-7 call (dropout::kPhiloxRounds)
+// gives 16 bytes, 16 keep decisions:
 //   counter = ((j / 32) * 4 + (j % 8) / 2,  (i / 16) * 8 + i % 8,
 //              b * heads_q + h,  offset mod 2^32)
 //   key     = (seed mod 2^32, seed / 2^32 + offset / 2^32)
@@ -43,6 +43,12 @@ constexpr int kBlockRows = 16;
 constexpr int kBlockKeys = 32;
 // 8-bit random values: p is rounded to a multiple of 1 / kLevels.
 constexpr int kLevels = 256;
+// NOTES: 7 rounds, not the generator's default 10: the Philox paper finds
+// Philox4x32 Crush-resistant (TestU01's BigCrush passes) from 7 rounds and
+// adds 3 as a safety margin, and the rounds are most of dropout's cost on
+// kernels near their issue limit (docs/variants.md, "Dropout's cost").
+// flash-attn 2's dropout draws with 7 rounds as well.
+constexpr int kPhiloxRounds = 7;
 
 // Bit (hf * 8 + 2 n + e) of a fragment word: row g + 8 hf, key 8 n + 2 t + e.
 FA_HOST_DEVICE constexpr int fragment_bit(int hf, int n, int e) { return hf * 8 + 2 * n + e; }
@@ -93,7 +99,7 @@ struct Dropout {
   FA_HOST_DEVICE Philox4x32 bytes16(int bh, int rb, int g, int kb, int t) const {
     const Philox4x32 c{{static_cast<uint32_t>(kb * 4 + t), static_cast<uint32_t>(rb * 8 + g),
                         static_cast<uint32_t>(bh), offset}};
-    return philox4x32_10(c, k0, k1);
+    return philox4x32<dropout::kPhiloxRounds>(c, k0, k1);
   }
 
   // The keep decisions of lane (g, t) in the 16 x 32 block (rb, kb) as byte

@@ -44,41 +44,52 @@ __device__ __forceinline__ uint32_t replicate_sign_bytes(uint32_t x) {
   return r;
 }
 
-// The forward: P's 16-bit pairs of key tile n (keys n0 .. n0 + kBlockN - 1)
-// ANDed with the keep masks, a dropped element's half set to 0. pa[kt][j]
-// holds row row0 + 8 r (r = j % 2; row0 = 16 rb + g) and keys n0 + 8 i + 2t +
-// {0, 1} (n8 tile i = 2 kt + j / 2), the halves of bytes 2 (n % 2) + {0, 1}
-// of flag word 2 r + n / 2 of the call of its 32-key block (n = its n8 tile
-// there): one prmt makes the pair's mask. kSkip: the n8 tiles of the tile's
-// first block before n0 (0, or 2 when n0 is half-way into a block).
+// The forward's keep flags of one key tile (keys n0 .. n0 + kBlockN - 1):
+// Dropout::fragment_flags of each 32-key block the tile touches, for the
+// lane's rows row0 = 16 rb + g and row0 + 8. kSkip: the n8 tiles of the
+// tile's first block before n0 (0, or 2 when n0 is half-way into a block).
 // NOTES: kBlockN is a multiple of 16, not always of 32 (80 at d 256, 112 at
 // d 192, 176 for d 128's long-key tiles): such a tile starts on half a block
 // every other tile and touches ceil(kBlockN / 32) blocks either way, one half
 // of one unused (d 256: 3 calls for 2.5 blocks' keys).
-template <int kBlockN, int kSkip>
-__device__ __forceinline__ void mask_p_pairs(uint32_t (&pa)[kBlockN / 16][4], const Dropout& d, int bh, int row0,
-                                             int n0, int t) {
-  static_assert(kBlockN % 16 == 0, "tiles start on whole or half 32-key blocks");
-  constexpr int kTiles = kBlockN / 8;
-  constexpr int kBlocks = (kSkip + kTiles + 3) / 4;
-  const int rb = row0 / dropout::kBlockRows, g = row0 % 8;
-  const int kb0 = n0 / dropout::kBlockKeys;
+template <int kBlockN>
+struct TileKeepFlags {
+  static constexpr int kTiles = kBlockN / 8;  // n8 tiles
+  template <int kSkip>
+  static constexpr int blocks() { return (kSkip + kTiles + 3) / 4; }
+  uint32_t f[blocks<2>()][4];
+
+  template <int kSkip>
+  __device__ __forceinline__ void draw(const Dropout& d, int bh, int row0, int n0, int t) {
+    static_assert(kBlockN % 16 == 0, "tiles start on whole or half 32-key blocks");
+    const int rb = row0 / dropout::kBlockRows, g = row0 % 8;
+    const int kb0 = n0 / dropout::kBlockKeys;
 #pragma unroll
-  for (int b = 0; b < kBlocks; ++b) {
-    uint32_t flags[4];
-    d.fragment_flags(bh, rb, g, kb0 + b, t, flags);
+    for (int b = 0; b < blocks<kSkip>(); ++b) d.fragment_flags(bh, rb, g, kb0 + b, t, f[b]);
+  }
+
+  // P's 16-bit pairs ANDed with the keep masks, a dropped element's half set
+  // to 0. pa[kt][j] holds row row0 + 8 r (r = j % 2) and keys n0 + 8 i + 2t +
+  // {0, 1} (n8 tile i = 2 kt + j / 2), the halves of bytes 2 (n % 2) + {0, 1}
+  // of flag word 2 r + n / 2 of the call of its 32-key block (n = its n8 tile
+  // there): one prmt makes the pair's mask.
+  template <int kSkip>
+  __device__ __forceinline__ void apply(uint32_t (&pa)[kBlockN / 16][4]) const {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const int i = 4 * b + n - kSkip;
-      if (i < 0 || i >= kTiles) continue;
+    for (int b = 0; b < blocks<kSkip>(); ++b) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t f = flags[2 * r + n / 2];
-        pa[i / 2][2 * (i % 2) + r] &= n % 2 ? replicate_sign_bytes<0xBBAA>(f) : replicate_sign_bytes<0x9988>(f);
+      for (int n = 0; n < 4; ++n) {
+        const int i = 4 * b + n - kSkip;
+        if (i < 0 || i >= kTiles) continue;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t w = f[b][2 * r + n / 2];
+          pa[i / 2][2 * (i % 2) + r] &= n % 2 ? replicate_sign_bytes<0xBBAA>(w) : replicate_sign_bytes<0x9988>(w);
+        }
       }
     }
   }
-}
+};
 
 // A lane's keep bits of its S^T fragment: element e of accumulator tile i
 // (key key_r + 8 (e >> 1), query 8 i + 2 quad + (e & 1) of the span) is bit

@@ -19,21 +19,43 @@
 
 namespace flashattn::cuda::sm90 {
 
-// P's pairs of key tile n (this thread's pa) with the dropped halves zeroed.
+// A consumer's keep flags of the key tile whose P it converts next: drawn
+// while S = Q K^T of that tile is on the tensor cores (draw), applied to P's
+// pairs after the softmax (mask). Without dropout, nothing.
+// NOTES: drawing at the conversion put the Philox rounds on the chain from S
+// through the softmax to P V; between issuing S and waiting for it the warp
+// has nothing else to issue. The flags hold 4 words per 32-key block.
 template <class Drop, int kBlockN>
-__device__ __forceinline__ void mask_dropped_p(uint32_t (&pa)[kBlockN / 16][4], const AttentionParams& p,
-                                               const RowTile& t, int n, int lane) {
-  if constexpr (Drop::kOn) {
+struct TileKeep {
+  __device__ __forceinline__ void draw(const AttentionParams&, const RowTile&, int, int) {}
+  __device__ __forceinline__ void mask(uint32_t (&)[kBlockN / 16][4], int) const {}
+};
+
+template <int kBlockN>
+struct TileKeep<PhiloxDropout, kBlockN> {
+  TileKeepFlags<kBlockN> flags;
+  // A tile of a multiple of 32 keys starts on a block; others every other tile.
+  __device__ __forceinline__ static bool half_block(int n) {
+    return kBlockN % dropout::kBlockKeys != 0 && (n * kBlockN) % dropout::kBlockKeys != 0;
+  }
+  // The flags of key tile n of tile t (lane's rows t.row0, t.row0 + 8).
+  __device__ __forceinline__ void draw(const AttentionParams& p, const RowTile& t, int n, int lane) {
     const int n0 = n * kBlockN, bh = t.w.b * p.heads_q + t.w.h;
-    if constexpr (kBlockN % dropout::kBlockKeys == 0) {
-      mask_p_pairs<kBlockN, 0>(pa, p.dropout, bh, t.row0, n0, lane % 4);
-    } else if (n0 % dropout::kBlockKeys == 0) {
-      mask_p_pairs<kBlockN, 0>(pa, p.dropout, bh, t.row0, n0, lane % 4);
+    if (half_block(n)) {
+      flags.template draw<2>(p.dropout, bh, t.row0, n0, lane % 4);
     } else {
-      mask_p_pairs<kBlockN, 2>(pa, p.dropout, bh, t.row0, n0, lane % 4);
+      flags.template draw<0>(p.dropout, bh, t.row0, n0, lane % 4);
     }
   }
-}
+  // P's pairs of the drawn key tile n with the dropped halves zeroed.
+  __device__ __forceinline__ void mask(uint32_t (&pa)[kBlockN / 16][4], int n) const {
+    if (half_block(n)) {
+      flags.template apply<2>(pa);
+    } else {
+      flags.template apply<0>(pa);
+    }
+  }
+};
 
 // O = (sum_j P_j keep_j V_j) / (1 - p8), once per tile.
 template <class Drop, int kN>

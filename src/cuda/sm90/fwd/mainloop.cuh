@@ -50,6 +50,7 @@ struct Consumer {
   float m[2], l[2], corr[2];
   float sc[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
+  TileKeep<Drop, kBlockN> keep;  // dropout's flags for the next convert_p
   int qt = 0;  // tiles with loads so far, as the producer counts them
   int it = 0;  // K/V stages consumed so far, as the producer fills them
   uint64_t* q_empty = nullptr;
@@ -118,9 +119,9 @@ struct Consumer {
     }
     fence_operands(o);
   }
-  // P of key tile n of tile t to 16 bits; dropout zeroes the dropped ones
-  // there (after the row sum: l stays the one before dropout).
-  __device__ __forceinline__ void convert_p(const RowTile& t, int n) {
+  // P of key tile n to 16 bits; dropout zeroes the dropped ones there (after
+  // the row sum: l stays the one before dropout), by the flags keep.draw made.
+  __device__ __forceinline__ void convert_p(int n) {
 #pragma unroll
     for (int kt = 0; kt < kBlockN / 16; ++kt) {
       pa[kt][0] = pack2<T>(sc[8 * kt + 0], sc[8 * kt + 1]);
@@ -128,7 +129,7 @@ struct Consumer {
       pa[kt][2] = pack2<T>(sc[8 * kt + 4], sc[8 * kt + 5]);
       pa[kt][3] = pack2<T>(sc[8 * kt + 6], sc[8 * kt + 7]);
     }
-    mask_dropped_p<Drop, kBlockN>(pa, p, t, n, lane);
+    keep.mask(pa, n);
   }
   __device__ __forceinline__ void release(uint64_t* bar) const {
     __syncwarp();
@@ -196,12 +197,13 @@ struct Consumer {
     named_sync(my_turn, kTurnThreads);
     issue_s(s);
     named_arrive(other_turn, kTurnThreads);
+    keep.draw(p, t, n, lane);
     wgmma_wait<0>();
     fence_operands(sc);
     release(&sm.empty_k[s]);
     if (n == t.w.n_begin) release(q_empty);
     softmax(t, k);
-    convert_p(t, n);
+    convert_p(n);
   }
 
   // Steady state, key tile n = k.n in stage s: S(n) runs on the tensor cores
@@ -220,6 +222,7 @@ struct Consumer {
     rescale_in_turn();
     issue_pv(s_prev);
     named_arrive(other_turn, kTurnThreads);
+    keep.draw(p, t, n, lane);
     wgmma_wait<1>();
     fence_operands(sc);
     release(&sm.empty_k[s]);
@@ -229,7 +232,7 @@ struct Consumer {
     fence_operands(o);
     fence_operands(pa);
     release(&sm.empty_v[s_prev]);
-    convert_p(t, n);
+    convert_p(n);
   }
 
   // The last turn's start: O rescaled and the last P V (stage s) issued.
@@ -252,6 +255,8 @@ struct Consumer {
     take_turn_issue_last_pv(s);
     issue_s(s_next);
     named_arrive(other_turn, kTurnThreads);
+    const typename Walk::Step k = Walk::first(blocks, nxt.w);
+    keep.draw(p, nxt, k.n, lane);
     wgmma_wait<1>();
     fence_operands(o);
     release(&sm.empty_v[s]);
@@ -262,10 +267,9 @@ struct Consumer {
     fence_operands(sc);
     reset_rows();
     release(&sm.empty_k[s_next]);
-    const typename Walk::Step k = Walk::first(blocks, nxt.w);
     if (k.n == nxt.w.n_begin) release(q_empty);
     softmax(nxt, k);
-    convert_p(nxt, k.n);
+    convert_p(k.n);
   }
 
   // The last P V of a tile (stage s) alone.
