@@ -107,9 +107,6 @@ fa_status check_common(const AttentionParams& p) {
 // The extras' tensors (fa_extras) live on the device too; the kernels read
 // them one f32 at a time. Dropout needs no tensor (the kernels regenerate its mask).
 fa_status check_extras(const AttentionParams& p) {
-  // A block mask with dropout: refused here, before the backward's workspace
-  // or any pass (the sm80 launches refuse it again for direct callers).
-  FA_RETURN_IF_ERROR(refuse_block_mask_dropout(p));
   FA_RETURN_IF_ERROR(check_device_pointer(p.alibi_slopes, "alibi_slopes", p.device_index, sizeof(float)));
   FA_RETURN_IF_ERROR(check_device_pointer(p.sinks, "sinks", p.device_index, sizeof(float)));
   return check_device_pointer(p.dsinks, "dsinks", p.device_index, sizeof(float));

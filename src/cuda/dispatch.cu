@@ -5,11 +5,10 @@
 //             describe, FLASHATTN_DISABLE_SM90 unset), else sm80;
 //             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80; a block
 //             mask runs either (sm90/fwd/scheduler.cuh's ListedKeys); with
-//             dropout it is refused by backend.cu's checks, before anything
-//             runs.
+//             dropout, sm80.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
-//             (a block mask: fixed lengths, every listed tile whole on
-//             its tiles; FA_ERROR_UNSUPPORTED before any launch
+//             (a block mask: fixed lengths, no dropout, every listed tile
+//             whole on its tiles; FA_ERROR_UNSUPPORTED before any launch
 //             otherwise), else sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).

@@ -466,12 +466,6 @@ fa_status build_tile_lists(const AttentionParams& p, int tile_m, int tile_n, Blo
   return FA_OK;
 }
 
-fa_status refuse_block_mask_dropout(const AttentionParams& p) {
-  if (!p.has_block_mask() || !p.has_dropout()) return FA_OK;
-  return fail(FA_ERROR_UNSUPPORTED, "block_mask with dropout_p > 0: the CUDA kernels run one or the other, not both "
-                                    "(the CPU backend runs both; docs/variants.md)");
-}
-
 BlockTileBuffer::~BlockTileBuffer() {
   if (device_ != nullptr) cudaFreeAsync(device_, stream_);
 }

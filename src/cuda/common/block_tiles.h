@@ -57,11 +57,6 @@ inline constexpr int64_t kScheduleTileCost = 2;
 std::vector<int32_t> tile_schedule(const AttentionParams& p, const HostTileLists& lists, int q_tiles, int grid,
                                    int* steps);
 
-// FA_ERROR_UNSUPPORTED (naming both) for a block mask with dropout: the sm80
-// walks and the dropout policy compose in the kernels' code, but neither
-// kernel is instantiated with both (build time: the CPU backend runs them).
-fa_status refuse_block_mask_dropout(const AttentionParams& p);
-
 // The device copy of one launch's BlockTiles: one kept from an earlier call
 // with the same mask and launch (block_tiles.cu, TileCache), or built now.
 class BlockTileBuffer {

@@ -656,11 +656,14 @@ fa_status run_main(const AttentionParams& p, const Workspace& ws) {
   const dim3 grid((p.seqlen_k + C::kBlockN - 1) / C::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;
   // Dropout and block masks run their own instantiations: the kernel without
-  // them is unchanged. Both together are refused (block_tiles.h).
+  // them is unchanged. Both together run a third (the Hopper backward sends
+  // them here: supports_backward).
   if (p.has_block_mask()) {
-    FA_RETURN_IF_ERROR(refuse_block_mask_dropout(p));
     BlockTileBuffer block_tiles;
     FA_RETURN_IF_ERROR(block_tiles.build(p, C::kBlockM, C::kBlockN, BlockWalk::kBackward));
+    if (p.has_dropout()) {
+      return launch_main<D, T, sm80::PhiloxDropout, ListedQueries>(p, ws, grid, stages, bytes, block_tiles.view());
+    }
     return launch_main<D, T, sm80::NoDropout, ListedQueries>(p, ws, grid, stages, bytes, block_tiles.view());
   }
   if (p.has_dropout()) return launch_main<D, T, sm80::PhiloxDropout, DenseQueries>(p, ws, grid, stages, bytes, {});

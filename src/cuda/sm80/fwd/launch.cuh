@@ -78,11 +78,12 @@ fa_status launch_forward_shape(const AttentionParams& p) {
 
 // Dropout and block masks run their own instantiations (DropoutTuning's and
 // BlockSparseTuning's shapes): the kernel without them is the same code as
-// before they existed. Both together are refused (refuse_block_mask_dropout).
+// before they existed. Both together take BlockSparseDropoutTuning's shapes
+// (the Hopper forward sends them here: supports_forward).
 template <int kD, typename T>
 fa_status launch_forward(const AttentionParams& p) {
   if (p.has_block_mask()) {
-    FA_RETURN_IF_ERROR(refuse_block_mask_dropout(p));
+    if (p.has_dropout()) return launch_forward_shape<kD, T, BlockSparseDropoutTuning<kD>, PhiloxDropout, ListedKeys>(p);
     return launch_forward_shape<kD, T, BlockSparseTuning<kD>, NoDropout, ListedKeys>(p);
   }
   if (p.has_dropout()) return launch_forward_shape<kD, T, DropoutTuning<kD>, PhiloxDropout, DenseKeys>(p);

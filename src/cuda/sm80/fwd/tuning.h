@@ -122,6 +122,13 @@ struct BlockSparseTuning<64> : Sm80Tile<64, 128, 2> {};
 template <>
 struct BlockSparseTuning<128> : Sm80Tile<128, 32, 1> {};
 
+// A block mask with dropout: DropoutTuning's shapes, but d 96's 64 x 128
+// (one stage) spilled 4 bytes with both (sm_80 and sm_90a): 64 x 64.
+template <int HeadDim>
+struct BlockSparseDropoutTuning : DropoutTuning<HeadDim> {};
+template <>
+struct BlockSparseDropoutTuning<96> : Sm80Tile<64, 64, 1> {};
+
 // Warp layout of a tile shape: with kPairSplit, warps 2i and 2i+1 share a
 // block of rows; each keeps S for its half of the keys and O for its half of
 // the head dim, so P and the row maxima (and, at the end, the row sums) cross

@@ -16,8 +16,8 @@ bool supports_backward(const AttentionParams& p) {
   // reduce-adds, d 256 its red.global adds (launch_backward checks the tuning
   // allows one of them); varlen batches not with dropout (reduce_dq).
   if (p.deterministic && p.is_varlen() && p.has_dropout()) return false;
-  // Block masks (ListedQueryWalk): fixed lengths, not with dropout (refused
-  // before), and tiles the mask lists whole (launch.cuh); deterministic mode
+  // Block masks (ListedQueryWalk): fixed lengths, not with dropout (the sm80
+  // kernel runs both), and tiles the mask lists whole (launch.cuh); deterministic mode
   // orders the dQ adds along the key tiles that list each query tile.
   if (p.has_block_mask() && (p.is_varlen() || p.has_dropout())) return false;
   // Softcap: exp_scores_softcap / ds_scores_softcap (softmax.cuh), which take
