@@ -1017,8 +1017,8 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
     drops attention probabilities by Philox bits of (dropout_seed, dropout_offset); the
     backward needs the same three values. ``block_mask``: a FlexAttention BlockMask, a
     flashattn.BlockMask or block_mask_parts() of one (host int32 lists, for the CPU and the
-    CUDA backend; under CUDA-graph capture after a warm-up call with the same lists; not with
-    dropout on CUDA): only the listed key blocks of each query block are visited, the
+    CUDA backend; under CUDA-graph capture after a warm-up call with the same lists; with
+    dropout, CUDA runs its sm80 kernels): only the listed key blocks of each query block are visited, the
     element mask (causal, window) applying inside them; the backward needs the same mask.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like
