@@ -22,9 +22,12 @@ namespace flashattn::cuda::sm90 {
 // A consumer's keep flags of the key tile whose P it converts next: drawn
 // while S = Q K^T of that tile is on the tensor cores (draw), applied to P's
 // pairs after the softmax (mask). Without dropout, nothing.
-// NOTES: drawing at the conversion put the Philox rounds on the chain from S
-// through the softmax to P V; between issuing S and waiting for it the warp
-// has nothing else to issue. The flags hold 4 words per 32-key block.
+// NOTES: drawn between issuing S and waiting for it, where the warp has
+// nothing else to issue, rather than at the conversion, on the chain from S
+// through the softmax to P V: measured level with the draw at the conversion
+// but for the 8k non-causal forward (-1.5%; docs/variants.md, "Dropout's
+// cost"), so the forward with dropout is bound by issue, not by that chain.
+// The flags hold 4 words per 32-key block.
 template <class Drop, int kBlockN>
 struct TileKeep {
   __device__ __forceinline__ void draw(const AttentionParams&, const RowTile&, int, int) {}

@@ -151,7 +151,8 @@ fa_status make_kv_maps(CUtensorMap* mk, CUtensorMap* mv, const AttentionParams& 
 
 // Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh); dropout never takes the
 // KV-cache route (api.cu's supports_forward). Walk: DenseKeys, or ListedKeys
-// for a block mask (neither KV cache nor dropout: the API refuses both).
+// for a block mask (neither KV cache nor dropout: supports_forward sends
+// dropout with a block mask to sm80, the KV-cache API refuses block masks).
 template <class Tune, typename T, int C, int N, class Drop, class Walk = DenseKeys>
 fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   using K = FwdTraits<Tune, C, N>;
