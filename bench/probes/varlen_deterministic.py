@@ -5,8 +5,12 @@ sequences of ragged lengths (ends inside query tiles), hidden 2048, bf16; time o
 forward + backward minus forward (triton do_bench medians), deterministic=True and
 False; gradients of the two kernels compared.
 
-  FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/probes/varlen_deterministic.py
+  FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/probes/varlen_deterministic.py [--dropout P]
+
+With --dropout, every call drops with probability P, and the generator is reseeded before the
+two kernels' gradient runs, so both draw the same mask.
 """
+import argparse
 import os
 
 import torch
@@ -18,6 +22,9 @@ LENGTHS = [2000, 1777, 3001, 1, 2500, 1300, 4000, 1805]  # 16384 tokens
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dropout", type=float, default=0.0)
+    drop = ap.parse_args().dropout
     torch.manual_seed(0)
     cu = torch.tensor([0] + LENGTHS, device="cuda").cumsum(0).to(torch.int32)
     total, longest = int(cu[-1]), max(LENGTHS)
@@ -30,12 +37,12 @@ def main():
             for det in (True, False):
                 def run(q=q, k=k, v=v):
                     qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
-                    out = flash_attn_varlen_func(qq, kk, vv, cu, cu, longest, longest, causal=causal,
-                                                 deterministic=det)
+                    out = flash_attn_varlen_func(qq, kk, vv, cu, cu, longest, longest, dropout_p=drop,
+                                                 causal=causal, deterministic=det)
                     return torch.autograd.grad(out, (qq, kk, vv), do)
 
                 def fwd():
-                    return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                    return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, dropout_p=drop, causal=causal)
 
                 times, grads = {}, {}
                 for path in ("sm80", "hopper"):
@@ -43,6 +50,7 @@ def main():
                         os.environ["FLASHATTN_DISABLE_SM90"] = "1"
                     else:
                         os.environ.pop("FLASHATTN_DISABLE_SM90", None)
+                    torch.manual_seed(1)
                     grads[path] = run()
                     times[path] = do_bench(run, warmup=10, rep=50) - do_bench(fwd, warmup=10, rep=50)
                 os.environ.pop("FLASHATTN_DISABLE_SM90", None)

@@ -302,8 +302,8 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalOverFiftyRunsAtScale) {
 
 // fa_backward takes this kernel for f16/bf16 at every head dim (96 on the 128
 // kernel), deterministic or not, softcap or not, unless FLASHATTN_DISABLE_SM90
-// is set, and the result is right, varlen included; softcap with ALiBi and
-// deterministic varlen with dropout are not this kernel's (sm80 fallback).
+// is set, and the result is right, varlen included (deterministic varlen with
+// dropout too); softcap with ALiBi is not this kernel's (sm80 fallback).
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -339,7 +339,8 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
     SCOPED_TRACE(v.name() + (det ? " deterministic" : ""));
     expect_matches_reference(p, g);
   }
-  // Deterministic varlen with dropout: the sm80 kernel's.
+  // Deterministic varlen with dropout: this kernel's too (test_sm90_dropout
+  // checks its bits and gradients).
   const Problem p = make_problem(v);
   DeviceProblem d(p);
   DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
@@ -353,7 +354,7 @@ TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   ASSERT_EQ(make_backward_params(args, &params), FA_OK) << fa_last_error();
   EXPECT_TRUE(cuda::sm90::supports_backward(params));
   params.dropout = Dropout::make(0.125f, 1, 2);
-  EXPECT_FALSE(cuda::sm90::supports_backward(params));
+  EXPECT_TRUE(cuda::sm90::supports_backward(params));
 }
 
 }  // namespace

@@ -180,18 +180,27 @@ INSTANTIATE_TEST_SUITE_P(Suite, Sm90Dropout, ::testing::ValuesIn(sm90_dropout_ca
                          [](const auto& info) { return info.param.name(); });
 
 // The deterministic backward with dropout is bitwise the same run to run (the
-// mask is a function of the coordinates), at every backward kernel's head dim.
+// mask is a function of the coordinates), at every backward kernel's head dim,
+// with fixed lengths and a ragged varlen batch (a sequence of one query row,
+// an empty one; every row sees at least 7 keys: dropout_suite's NOTES).
 TEST(Sm90DropoutDeterminism, BackwardIsBitwiseStable) {
   FA_REQUIRE_SM90();
   for (const int d : {64, 128, 256}) {
-    const Case c = dropout_determinism_case(d, 5600 + static_cast<uint64_t>(d));
-    SCOPED_TRACE(c.name());
-    const Problem p = make_problem(c);
-    Grads a, b;
-    ASSERT_TRUE(run_sm90_backward(p, true, &a));
-    ASSERT_TRUE(run_sm90_backward(p, true, &b));
-    EXPECT_EQ(a.bytes(), b.bytes());
-    expect_matches_reference(p, a);
+    Case v = make_case(d == 128 ? FA_F16 : FA_BF16, 0, 0, d, 5700 + static_cast<uint64_t>(d));
+    v.varlen_q = {300, 1, 0, 257};
+    v.varlen_k = {333, 40, 7, 130};
+    v.heads_q = 4;
+    v.heads_kv = 2;
+    v.dropout_p = 0.1f;
+    for (const Case& c : {dropout_determinism_case(d, 5600 + static_cast<uint64_t>(d)), v}) {
+      SCOPED_TRACE(c.name());
+      const Problem p = make_problem(c);
+      Grads a, b;
+      ASSERT_TRUE(run_sm90_backward(p, true, &a));
+      ASSERT_TRUE(run_sm90_backward(p, true, &b));
+      EXPECT_EQ(a.bytes(), b.bytes());
+      expect_matches_reference(p, a);
+    }
   }
 }
 

@@ -14,8 +14,7 @@ namespace flashattn::cuda::sm90 {
 bool supports_backward(const AttentionParams& p) {
   // Deterministic mode: ordered dQ adds (dq.cuh NOTES); d 64/128 order the TMA
   // reduce-adds, d 256 its red.global adds (launch_backward checks the tuning
-  // allows one of them); varlen batches not with dropout (reduce_dq).
-  if (p.deterministic && p.is_varlen() && p.has_dropout()) return false;
+  // allows one of them); varlen batches too (reduce_dq).
   // Block masks (ListedQueryWalk): fixed lengths, not with dropout (the sm80
   // kernel runs both), and tiles the mask lists whole (launch.cuh); deterministic mode
   // orders the dQ adds along the key tiles that list each query tile.

@@ -73,8 +73,7 @@ __device__ __forceinline__ void negative_zero_rows(uint8_t* staged, int rows, in
 // one TMA reduce per 32-column box (rows past the tensor are skipped; rows
 // past a varlen sequence hold zeros: dS = 0 there; -0.0f in deterministic
 // mode, NOTES). kDeterministicVarlen: the kernel runs deterministic varlen
-// calls (not with dropout or a block mask: api.cu; the code took the d 128
-// dropout kernel's spill from 44 to 48 bytes).
+// calls (not with a block mask, which takes fixed lengths: api.cu).
 template <class K, class Walk, bool kDeterministicVarlen>
 __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const AttentionParams& p,
                                           const bwd::Workspace& ws, const BwdCta& cta,

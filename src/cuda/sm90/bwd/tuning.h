@@ -40,10 +40,8 @@
 //             included), fully masked rows (zero gradients),
 //             deterministic mode (ordered TMA dQ adds at d 64/128, ordered
 //             red.global adds at d 256; dq.cuh NOTES).
-//   fallback: deterministic mode for varlen batches with dropout (dq.cuh),
-//             softcap (dS needs 1 - tanh^2 beside P: a second per-element path
-//             in the kernel made ptxas serialize the wgmmas of every case,
-//             warning C7512),
+//   fallback: softcap with ALiBi (dS needs tanh taken back from P and the
+//             lse, which ALiBi's bias would have to be removed from: api.cu),
 //             other head dims, non-9.0 devices,
 //             FLASHATTN_DISABLE_SM90=1.
 #pragma once
