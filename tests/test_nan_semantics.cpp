@@ -56,6 +56,34 @@ std::vector<NanCase> all_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, CpuNanSemantics, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// The CUDA suite's kernel-path cases (GQA groups, deterministic, d96 / d256,
+// softcap + ALiBi + sinks, dropout, block masks) on the CPU backend, with
+// their extras: the same rules, and host code that the GPU suite's runs also
+// execute (the CPU forward gives them out and lse).
+class CpuNanSemanticsPaths : public ::testing::TestWithParam<NanCase> {};
+
+TEST_P(CpuNanSemanticsPaths, ForwardAndBackwardMatchReference) {
+  const Problem p = make_nan_problem(GetParam());
+  fa_options o = p.options;
+  o.backend = FA_BACKEND_CPU;
+  HostTensor out = p.poisoned_like_q(), lse = p.poisoned_lse();
+  HostTensor dq = p.poisoned_like_q(), dk = p.poisoned_like_k(), dv = p.poisoned_like_k();
+  HostTensor dsinks = p.poisoned_dsinks();
+  fa_extras x = p.extras();
+  ASSERT_EQ(fa_forward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &lse.desc, p.varlen_ptr(), &o, &x), FA_OK)
+      << fa_last_error();
+  if (p.c.sinks) x.dsinks = &dsinks.desc;
+  ASSERT_EQ(fa_backward_ex(&p.q.desc, &p.k.desc, &p.v.desc, &out.desc, &p.dout.desc, &lse.desc, &dq.desc, &dk.desc,
+                           &dv.desc, p.varlen_ptr(), &o, &x, nullptr, 0),
+            FA_OK)
+      << fa_last_error();
+  expect_forward_semantics(p, out, lse);
+  expect_backward_semantics(p, dq, dk, dv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CpuNanSemanticsPaths, ::testing::ValuesIn(nan_semantics_path_cases()),
+                         [](const auto& info) { return info.param.name; });
+
 // Independent of the reference: a NaN in v[j][c] reaches out[i][c] exactly for
 // the rows i that see key j, and nothing else (no lse, no other column).
 TEST(CpuNanSemanticsDirect, ValueNanReachesExactlyItsColumnOfSeeingRows) {

@@ -165,8 +165,21 @@ double read_row_element(const HostTensor& t, int64_t row, int head, int col) {
   return load_as_float(t.bytes.data(), tensor_offset_of_row(t.desc, row, head) + col, t.desc.dtype);
 }
 
+// NOTES: the coordinates are checked first: a plant outside the tensor once
+// wrote past a test's K buffer into whatever the heap held next (in the GPU
+// suite, now and then the CUDA driver's own state: docs/hardening.md).
 void write_row_element(HostTensor& t, int64_t row, int head, int col, float value) {
-  store_from_float(t.bytes.data(), tensor_offset_of_row(t.desc, row, head) + col, t.desc.dtype, value);
+  const fa_tensor& d = t.desc;
+  int64_t rows = 1;
+  for (int i = 0; i + 2 < d.ndim; ++i) rows *= d.shape[i];
+  if (d.ndim < 3 || row < 0 || row >= rows || head < 0 || head >= d.shape[d.ndim - 2] || col < 0 ||
+      col >= d.shape[d.ndim - 1]) {
+    std::ostringstream msg;
+    msg << "write_row_element: (row " << row << ", head " << head << ", col " << col << ") outside a tensor of "
+        << rows << " rows";
+    throw std::out_of_range(msg.str());
+  }
+  store_from_float(t.bytes.data(), tensor_offset_of_row(d, row, head) + col, d.dtype, value);
 }
 
 Problem make_problem(const Case& c_in) {

@@ -7,9 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <limits>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/harness.h"
@@ -111,6 +113,88 @@ inline std::vector<NanCase> nan_semantics_cases(fa_dtype dtype, int head_dim) {
        {{Operand::kV, 9, 0, 2, nan}, {Operand::kK, 10, 0, 3, inf}, {Operand::kQ, 7, 1, 4, nan},
         {Operand::kDout, 8, 0, 5, nan}}},
   };
+}
+
+// Classes of 3 x 3 blocks for 2 query heads (BlockClasses::cls order; 0 not
+// listed, 1 partial, 2 full), lower triangle only (the case is causal):
+//   head 0: query block 0 {0}, 1 {1}, 2 {0, 2}; head 1: 0 {0}, 1 {0, 1}, 2 {1, 2}.
+inline std::vector<uint8_t> nan_semantics_whole_tile_classes() {
+  return {2, 0, 0, 0, 1, 0, 2, 0, 1,   // head 0
+          1, 0, 0, 2, 2, 0, 0, 1, 2};  // head 1
+}
+
+// The shared cases' causal and windowed problems with one thing changed each,
+// for the kernel paths the shared cases do not take (the CUDA suite's; the CPU
+// backend runs them too).
+inline std::vector<NanCase> nan_semantics_path_cases() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<NanCase> base = nan_semantics_cases(FA_BF16, 64);
+  const NanCase& masked = base[6];  // masked_keys_nan_inf: window, NaN/Inf at keys no row sees
+  const NanCase& v_inf = base[3];   // v_visible_inf: causal, Inf at a key some rows of a tile see
+  std::vector<NanCase> out;
+  auto add = [&](const NanCase& from, const std::string& name, auto&& change) {
+    NanCase nc = from;
+    nc.name = name;
+    change(nc);
+    out.push_back(nc);
+  };
+  // Several KV heads, two query heads each; plants at KV head 1.
+  add(v_inf, "gqa_groups_v_inf", [&](NanCase& nc) {
+    nc.c.heads_q = 4;
+    nc.c.heads_kv = 2;
+    nc.plants = {{Operand::kV, 30, 1, 7, inf}, {Operand::kK, 65, 1, 3, nan}};  // key 65: rows 125-129 see it
+  });
+  add(masked, "deterministic_masked", [](NanCase& nc) { nc.deterministic = true; });
+  add(v_inf, "deterministic_v_inf", [](NanCase& nc) { nc.deterministic = true; });
+  // A head dim below the kernel's (the Hopper kernels pad 96 to 128).
+  add(masked, "padded_d96_masked", [](NanCase& nc) { nc.c.head_dim = 96; });
+  add(v_inf, "padded_d96_v_inf", [](NanCase& nc) { nc.c.head_dim = 96; });
+  add(masked, "d256_masked", [](NanCase& nc) { nc.c.head_dim = 256; });
+  add(v_inf, "d256_v_inf", [](NanCase& nc) { nc.c.head_dim = 256; });
+  // Score extras: softcap, ALiBi per (sequence, head), sinks.
+  add(v_inf, "softcap_alibi_sinks_v_inf", [](NanCase& nc) {
+    nc.c.softcap = 5.0f;
+    nc.c.alibi = Case::Alibi::kPerBatchHead;
+    nc.c.sinks = true;
+  });
+  add(masked, "alibi_sinks_masked", [](NanCase& nc) {
+    nc.c.alibi = Case::Alibi::kPerHead;
+    nc.c.sinks = true;
+  });
+  add(v_inf, "dropout_v_inf", [](NanCase& nc) { nc.c.dropout_p = 0.2f; });
+  add(masked, "dropout_masked", [](NanCase& nc) { nc.c.dropout_p = 0.2f; });
+  // A block mask over the causal problem: NaN/Inf at keys of blocks some rows
+  // of a tile list and others do not.
+  add(v_inf, "block_mask_v_inf", [&](NanCase& nc) {
+    nc.c.block_q = 16;
+    nc.c.block_k = 16;
+    nc.c.block_density = 0.6;
+    nc.plants = {{Operand::kV, 30, 0, 7, inf}, {Operand::kK, 20, 0, 2, nan}, {Operand::kV, 45, 0, 1, nan}};
+  });
+  // Whole 128 x 128 blocks, which the Hopper kernels take in both directions
+  // (the backward only when every listed tile is whole on its tiles), at both
+  // head-dim buckets. Causal over 384 x 384: rows 256..299 share the tile of
+  // key 300 (Inf in V) without seeing it, so their stores come out NaN and are
+  // recomputed; head 0's lists make them skip key block 1, which they see
+  // causally, so the recompute must honour the launch's lists (the reference
+  // keeps them finite). K NaN at key 140 reaches only the rows whose lists
+  // hold key block 1 (all of head 1's query block 2, none of head 0's): 200
+  // and 244 non-finite rows of 384 in the reference.
+  for (const auto& shape : {std::pair{FA_BF16, 64}, std::pair{FA_F16, 128}}) {
+    const fa_dtype dt = shape.first;  // (not a structured binding: the lambda below captures them)
+    const int d = shape.second;
+    add(v_inf, std::string("block_mask_whole_tiles_v_inf_") + fa_dtype_name(dt) + "_d" + std::to_string(d),
+        [&](NanCase& nc) {
+          nc.c.dtype = dt;
+          nc.c.head_dim = d;
+          nc.c.seqlen_q = nc.c.seqlen_k = 384;
+          nc.c.block_q = nc.c.block_k = 128;
+          nc.block_classes = nan_semantics_whole_tile_classes();
+          nc.plants = {{Operand::kV, 300, 0, 7, inf}, {Operand::kK, 140, 0, 2, nan}};
+        });
+  }
+  return out;
 }
 
 // Forward results against the reference of the planted problem.
