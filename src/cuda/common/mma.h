@@ -93,6 +93,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// Transposes the 8x8 16-bit matrix M held as a fragment (lane: row lane/4,
+// columns 2*(lane%4)..+1): returns this lane's fragment of M^T. It turns the C
+// fragment of a key-major product (keys x rows) into the B fragment of the
+// next product over keys.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t m) {
+  uint32_t t;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(t) : "r"(m));
+  return t;
+}
+
 // ---------------------------------------------------------------- cp.async
 
 // 16 bytes global -> shared, bypassing L1. When !valid nothing is read and the

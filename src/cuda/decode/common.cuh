@@ -39,7 +39,8 @@ struct Work {
 // mma k-step of P V); each warp keeps its own online softmax and O for its
 // slices and the slices merge once at the end (attention/state.h). At head dim
 // 256 two warps share a slice, each owning half of O's columns, so O stays at
-// 64 registers a thread.
+// 64 registers a thread. A slice's products are key-major (kernel.cuh): keys
+// and O's columns are the mma's M, the packed rows its N, in row tiles of 8.
 template <int HeadDim>
 struct Traits {
   static constexpr int kWarps = kThreads / 32;
@@ -48,8 +49,9 @@ struct Traits {
   static constexpr int kKeySlices = kBlockK / kSliceKeys;
   static constexpr int kColumnParts = kWarps / kKeySlices;   // warps sharing a slice
   static constexpr int kColumns = HeadDim / kColumnParts;    // O columns of one warp
-  static constexpr int kOTiles = kColumns / 8;               // mma n-tiles of O
-  static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of Q K^T
+  static constexpr int kOTiles = kColumns / 16;              // mma m-tiles of O^T (16 columns each)
+  static constexpr int kRowTiles = kMaxRows / 8;             // mma n-tiles of packed rows (8 each)
+  static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of K Q^T
   static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
   static constexpr int kStages =
@@ -65,16 +67,14 @@ struct Traits {
   static constexpr int kSmemBytes = kRingBytesUsed + kQBytes;
   // The end-of-CTA merge reuses the drained ring: O of every slice, the
   // slices' (m, l), their merge weights and each row's lse.
-  // NOTES: the compiler stores a warp's O fragments two columns at a time
-  // (STS.64 of columns 2tq, 2tq + 1 of row g). With rows of d floats the four
-  // rows of a half-warp map to the same banks (4-way conflicts); rows of
-  // kMergeRowFloats = d + 8 floats put them 8 banks apart (none). Measured on
-  // the H100 (docs/performance.md 3.6): with the prefetch before the grid wait,
-  // batch 1 x 4k +1.4%, the rest within 1%.
-  static constexpr int kMergeRowFloats = HeadDim + 8;
+  // NOTES: a lane stores its O^T fragments one float at a time: rows 2tq (+1)
+  // of column g. With rows of d + 4 floats (d a multiple of 32) the 32 lanes of
+  // a store hit 32 different banks (8 tq + g); rows of d + 8 floats put lanes
+  // tq and tq + 2 on the same bank.
+  static constexpr int kMergeRowFloats = HeadDim + 4;
   static constexpr int kScratchFloats = kKeySlices * kMaxRows * (kMergeRowFloats + 3) + kMaxRows;
-  static_assert(kMaxRows == 16, "one mma row tile of packed query rows");
-  static_assert(kKeySlices * kColumnParts == kWarps && kOTiles % 2 == 0, "warp mapping");
+  static_assert(kMaxRows % 8 == 0, "whole mma n-tiles of packed query rows");
+  static_assert(kKeySlices * kColumnParts == kWarps && kColumns % 16 == 0, "warp mapping");
   static_assert(kThreads % kChunks == 0 && kBlockK % kRowsPerPass == 0, "whole rows per pass");
   static_assert(kScratchFloats * 4 <= kRingBytesUsed, "the slice merge fits the ring");
 };

@@ -154,44 +154,68 @@ __device__ __forceinline__ void load_queries(const KvCacheParams& p, const Work&
 
 __device__ __forceinline__ uint32_t lds32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
-// One warp's state: Q as mma A fragments, its O fragments, the online
-// softmax of its two rows (g and g + 8 of the tile; m in the log2 domain) and
-// their ALiBi slopes (the rows of a packed tile belong to different query heads).
+// NOTES (key-major slices): a slice computes S^T = K Q^T and O^T += V^T P^T,
+// keys and O's columns as the mma's M (16) and the packed rows as its N, in
+// row tiles of 8. Decoding packs few rows (GQA 4 with one query token: 4), and
+// the row-major form (rows as M, 16 of them) spent 12 of every 16 rows of its
+// mma's on padding; a tile of at most 8 rows runs one row tile here, half the
+// mma's. The C fragment of S^T holds keys g, g + 8 of rows 2tq, 2tq + 1; P^T's
+// B fragment needs the transpose (keys 2tq.. of row g): movmatrix.
+
+// One warp's state: Q^T as mma B fragments, O^T's fragments, the online
+// softmax of its rows 8 nt + 2 tq + j (m in the log2 domain, the same in the
+// 8 lanes sharing a row; l this lane's share over its keys, summed over the
+// lanes in write_rows) and their ALiBi slopes (the rows of a packed tile
+// belong to different query heads).
 template <int HeadDim>
 struct WarpState {
   using Tr = Traits<HeadDim>;
-  uint32_t q[Tr::kKSteps][4];
-  float o[Tr::kOTiles][4];
-  float m[2];
-  float l[2];
-  float slope[2];  // 0 without ALiBi
+  uint32_t q[Tr::kKSteps][Tr::kRowTiles][2];
+  float o[Tr::kOTiles][Tr::kRowTiles][4];
+  float m[Tr::kRowTiles][2];
+  float l[Tr::kRowTiles][2];
+  float slope[Tr::kRowTiles][2];  // 0 without ALiBi
 };
 
-// S = Q K^T of the warp's 16 keys, scaled, softcapped, ALiBi-biased, masked
-// (log2 domain), in the order of attention/score_mod.h.
+// Row tiles that hold packed rows (uniform over the CTA): the rest are skipped.
+template <int HeadDim>
+__device__ __forceinline__ bool row_tile_used(const TileWork& t, int nt) {
+  return nt == 0 || nt * 8 < t.rows;
+}
+
+// S^T = K Q^T of the warp's 16 keys, scaled, softcapped, ALiBi-biased, masked
+// (log2 domain), in the order of attention/score_mod.h. s[nt][e]: key
+// g + 8 (e / 2) of the slice, packed row 8 nt + 2 tq + e % 2.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileWork& t, int key0,
                                              const T* k_s, const WarpState<HeadDim>& ws,
-                                             float (&s)[2][4]) {
+                                             float (&s)[Traits<HeadDim>::kRowTiles][4]) {
   using Tr = Traits<HeadDim>;
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int slice_key = key0 % Tr::kBlockK;
+  // Even and odd k-steps accumulate apart (summed below): two mma chains of
+  // half the length, since one row tile leaves a single chain otherwise.
+  float acc[2][Tr::kRowTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int c = 0; c < 2; ++c) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][nt][e] = 0.0f;
+    }
   }
-  // K rows are B = K^T in column-major order: ldmatrix.x4 (not transposed),
-  // lanes 8m..8m+7 addressing keys (m / 2) * 8 + 0..7 at columns (m % 2) * 8 of
-  // the k-step, gives b0, b1 of key n-tile 0 then of n-tile 1: one shared
-  // load per k-step instead of four.
-  const T* base = k_s + (slice_key + (lane / 16) * 8 + lane % 8) * Tr::kRowElems + ((lane / 8) % 2) * 8;
+  // K rows are A (keys x columns, row-major): ldmatrix.x4, lanes 8m..8m+7
+  // addressing keys (m % 2) * 8 + 0..7 at columns (m / 2) * 8 of the k-step,
+  // gives a0..a3 of the k-step in one shared load.
+  const T* base = k_s + (slice_key + ((lane / 8) % 2) * 8 + lane % 8) * Tr::kRowElems + (lane / 16) * 8;
 #pragma unroll
   for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-    uint32_t b[4];
-    ldmatrix_x4(b, smem_addr(base + ks * 16));
-    mma_m16n8k16<T>(s[0], ws.q[ks], b[0], b[1]);
-    mma_m16n8k16<T>(s[1], ws.q[ks], b[2], b[3]);
+    uint32_t a[4];
+    ldmatrix_x4(a, smem_addr(base + ks * 16));
+#pragma unroll
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+      if (row_tile_used<HeadDim>(t, nt)) mma_m16n8k16<T>(acc[ks % 2][nt], a, ws.q[ks][nt][0], ws.q[ks][nt][1]);
+    }
   }
   const AttentionParams& a = p.attn;
   // NOTES: a slice that every packed row sees whole (all but the sequence's
@@ -200,93 +224,120 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
   // store reads.
   const bool whole = t.mask.tile_fully_visible(t.query_of(0), t.query_of(t.rows - 1) + 1, key0,
                                                key0 + Tr::kSliceKeys);
-  const auto modified = [&](float x, int e, int i, int j) {
+  const auto modified = [&](float x, float slope, int i, int j) {
     x *= a.scale;
     if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
     // The distance counts from the diagonal of the sequence's keys (cache + new tokens).
-    if (a.has_alibi()) x = AlibiScore{ws.slope[e / 2], t.mask.diagonal_offset()}(x, i, j);
+    if (a.has_alibi()) x = AlibiScore{slope, t.mask.diagonal_offset()}(x, i, j);
     return x * kLog2e;
   };
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+    if (!row_tile_used<HeadDim>(t, nt)) continue;  // s[nt] is not read (slice_softmax, slice_pv)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = g + (e >= 2 ? 8 : 0), j = key0 + nt * 8 + 2 * tq + (e & 1), i = t.query_of(r);
+      const int r = nt * 8 + 2 * tq + e % 2, j = key0 + g + (e >= 2 ? 8 : 0), i = t.query_of(r);
+      const float x = acc[0][nt][e] + acc[1][nt][e], slope = ws.slope[nt][e % 2];
       if (whole) {
-        s[nt][e] = modified(s[nt][e], e, i, j);
+        s[nt][e] = modified(x, slope, i, j);
       } else {
-        s[nt][e] = r < t.rows && t.mask.visible(i, j) ? modified(s[nt][e], e, i, j) : -INFINITY;
+        s[nt][e] = r < t.rows && t.mask.visible(i, j) ? modified(x, slope, i, j) : -INFINITY;
       }
     }
   }
+}
+
+// Max over the 8 lanes that hold the other keys of a row (same tq).
+__device__ __forceinline__ float key_lanes_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float key_lanes_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
 // Online softmax of the slice's scores into P (in place), rescaling O when the
 // reference max moves.
-// NOTES: m is a reference, not necessarily the running max: while no row of
-// the warp has grown past it by more than kRescaleSlack (log2 units), O, l and
-// m stay and P = 2^(S - m) may reach 2^kRescaleSlack. O / l and the lse
-// m + log2 l are the same for any reference, so this is exact; it drops the
-// O rescale (kOTiles * 4 multiplies a thread) from most slices once the rows'
-// maxima settle. A grown row rescales the whole warp (uniform branch).
+// NOTES: m is a reference, not necessarily the running max: while no score of
+// the warp has grown past its row's m by more than kRescaleSlack (log2 units),
+// O, l and m stay and P = 2^(S - m) may reach 2^kRescaleSlack. O / l and the
+// lse m + log2 l are the same for any reference, so this is exact; once the
+// rows' maxima settle, a slice skips both the O rescale (kOTiles * 8
+// multiplies a thread at head dim 128) and the row max's shuffles: one vote
+// instead. A grown row sets every row of the warp to its exact max (uniform
+// branch). l is this lane's share, so P's sum needs no shuffle either.
 template <int HeadDim>
-__device__ __forceinline__ void slice_softmax(float (&s)[2][4], WarpState<HeadDim>& ws) {
+__device__ __forceinline__ void slice_softmax(const TileWork& t, float (&s)[Traits<HeadDim>::kRowTiles][4],
+                                              WarpState<HeadDim>& ws) {
   using Tr = Traits<HeadDim>;
-  float m_new[2];
+  bool grown = false;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // row g (h = 0) and g + 8 (h = 1): elements 2h, 2h + 1
-    const float local = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
-    m_new[h] = fmaxf(ws.m[h], quad_max(local));
+  for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+    if (!row_tile_used<HeadDim>(t, nt)) continue;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) grown |= fmaxf(s[nt][j], s[nt][j + 2]) > ws.m[nt][j] + kRescaleSlack;
   }
-  const bool grown = m_new[0] > ws.m[0] + kRescaleSlack || m_new[1] > ws.m[1] + kRescaleSlack;
   if (__any_sync(0xffffffffu, grown)) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // c = 2^(m_old - m_new); a row that has seen no key keeps m = -inf and c = 1
-      const float c = m_new[h] == -INFINITY ? 1.0f : fast_exp2(ws.m[h] - m_new[h]);
-      ws.m[h] = m_new[h];
-      ws.l[h] *= c;
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+      if (!row_tile_used<HeadDim>(t, nt)) continue;
 #pragma unroll
-      for (int ot = 0; ot < Tr::kOTiles; ++ot) {
-        ws.o[ot][2 * h] *= c;
-        ws.o[ot][2 * h + 1] *= c;
+      for (int j = 0; j < 2; ++j) {
+        // m_new = max(m, rowmax(S)); c = 2^(m_old - m_new), 1 for a row that has seen no key (m = -inf)
+        const float m_new = key_lanes_max(fmaxf(ws.m[nt][j], fmaxf(s[nt][j], s[nt][j + 2])));
+        const float c = m_new == -INFINITY ? 1.0f : fast_exp2(ws.m[nt][j] - m_new);
+        ws.m[nt][j] = m_new;
+        ws.l[nt][j] *= c;
+#pragma unroll
+        for (int ot = 0; ot < Tr::kOTiles; ++ot) {
+          ws.o[ot][nt][j] *= c;
+          ws.o[ot][nt][j + 2] *= c;
+        }
       }
     }
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = 0.0f;
+  for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+    if (!row_tile_used<HeadDim>(t, nt)) continue;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 2 * h; e < 2 * h + 2; ++e) {
-        // P = 2^(S - m); 2^-inf = 0 for masked keys, and 0 throughout a row without a max yet
-        s[nt][e] = ws.m[h] == -INFINITY ? 0.0f : fast_exp2(s[nt][e] - ws.m[h]);
-        sum += s[nt][e];
-      }
+    for (int e = 0; e < 4; ++e) {
+      // P = 2^(S - m); 2^-inf = 0 for masked keys, and 0 throughout a row without a max yet
+      const float m = ws.m[nt][e % 2];
+      s[nt][e] = m == -INFINITY ? 0.0f : fast_exp2(s[nt][e] - m);
+      ws.l[nt][e % 2] += s[nt][e];
     }
-    ws.l[h] += quad_sum(sum);
   }
 }
 
-// O += P V over the slice's 16 keys and the warp's columns; P is the A fragment
-// made of the two score n-tiles (keys 0-7 and 8-15 of the slice).
+// O^T += V^T P^T over the slice's 16 keys and the warp's columns: V^T is the A
+// fragment (columns x keys), P^T the B fragment (keys x rows), the transpose
+// of the scores' C fragments (keys 0-7 and 8-15 of the slice).
 template <typename T, int HeadDim>
-__device__ __forceinline__ void slice_pv(const float (&s)[2][4], int slice_key, int column0,
-                                         const T* v_s, WarpState<HeadDim>& ws) {
+__device__ __forceinline__ void slice_pv(const TileWork& t, const float (&s)[Traits<HeadDim>::kRowTiles][4],
+                                         int slice_key, int column0, const T* v_s, WarpState<HeadDim>& ws) {
   using Tr = Traits<HeadDim>;
-  const uint32_t pa[4] = {MmaType<T>::pack(s[0][0], s[0][1]), MmaType<T>::pack(s[0][2], s[0][3]),
-                          MmaType<T>::pack(s[1][0], s[1][1]), MmaType<T>::pack(s[1][2], s[1][3])};
-  const int lane = threadIdx.x % 32;
-  // ldmatrix.x4.trans: lanes 0-7 / 8-15 address keys 0-7 / 8-15 of columns c..c+7,
-  // lanes 16-31 the same keys of columns c+8..c+15: b0, b1 of two n-tiles.
-  const T* base = v_s + (slice_key + lane % 8 + ((lane / 8) % 2) * 8) * Tr::kRowElems + column0 + (lane / 16) * 8;
+  uint32_t pb[Tr::kRowTiles][2];
 #pragma unroll
-  for (int ot = 0; ot < Tr::kOTiles; ot += 2) {
-    uint32_t b[4];
-    ldmatrix_x4_trans(b, smem_addr(base + ot * 8));
-    mma_m16n8k16<T>(ws.o[ot], pa, b[0], b[1]);
-    mma_m16n8k16<T>(ws.o[ot + 1], pa, b[2], b[3]);
+  for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+    if (!row_tile_used<HeadDim>(t, nt)) continue;
+    pb[nt][0] = movmatrix_trans(MmaType<T>::pack(s[nt][0], s[nt][1]));
+    pb[nt][1] = movmatrix_trans(MmaType<T>::pack(s[nt][2], s[nt][3]));
+  }
+  const int lane = threadIdx.x % 32;
+  // ldmatrix.x4.trans: lanes 8m..8m+7 address keys (m / 2) * 8 + 0..7 at
+  // columns c + (m % 2) * 8: a0..a3 of V^T's columns c..c+15.
+  const T* base = v_s + (slice_key + (lane / 16) * 8 + lane % 8) * Tr::kRowElems + column0 + ((lane / 8) % 2) * 8;
+#pragma unroll
+  for (int ot = 0; ot < Tr::kOTiles; ++ot) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, smem_addr(base + ot * 16));
+#pragma unroll
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+      if (row_tile_used<HeadDim>(t, nt)) mma_m16n8k16<T>(ws.o[ot][nt], a, pb[nt][0], pb[nt][1]);
+    }
   }
 }
 
@@ -314,17 +365,24 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
 #pragma unroll
   for (int ot = 0; ot < Tr::kOTiles; ++ot) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = g + (e >= 2 ? 8 : 0), c = part * Tr::kColumns + ot * 8 + 2 * tq + (e & 1);
-      o_s[(slice * kMaxRows + r) * Tr::kMergeRowFloats + c] = ws.o[ot][e];
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = nt * 8 + 2 * tq + e % 2, c = part * Tr::kColumns + ot * 16 + g + (e >= 2 ? 8 : 0);
+        o_s[(slice * kMaxRows + r) * Tr::kMergeRowFloats + c] = ws.o[ot][nt][e];
+      }
     }
   }
-  if (part == 0 && tq == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float* ml = ml_s + (slice * kMaxRows + g + 8 * h) * 2;
-      ml[0] = ws.m[h] * kLn2;  // the merge works in the natural-log domain
-      ml[1] = ws.l[h];
+  for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float l = key_lanes_sum(ws.l[nt][j]);  // the row's l over the lanes' keys
+      if (part == 0 && g == 0) {
+        float* ml = ml_s + (slice * kMaxRows + nt * 8 + 2 * tq + j) * 2;
+        ml[0] = ws.m[nt][j] * kLn2;  // the merge works in the natural-log domain
+        ml[1] = l;
+      }
     }
   }
   __syncthreads();
@@ -369,7 +427,7 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
   return nonfinite_rows;
 }
 
-// Q as the warp's mma A fragments, O zero, the softmax state empty, the rows' slopes.
+// Q^T as the warp's mma B fragments, O zero, the softmax state empty, the rows' slopes.
 template <typename T, int HeadDim>
 __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWork& t, const T* q_s,
                                           WarpState<HeadDim>& ws) {
@@ -377,23 +435,31 @@ __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWo
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < Tr::kKSteps; ++ks) {
-    const T* q = q_s + ks * 16 + 2 * tq;
-    ws.q[ks][0] = lds32(q + g * Tr::kRowElems);
-    ws.q[ks][1] = lds32(q + (g + 8) * Tr::kRowElems);
-    ws.q[ks][2] = lds32(q + g * Tr::kRowElems + 8);
-    ws.q[ks][3] = lds32(q + (g + 8) * Tr::kRowElems + 8);
+#pragma unroll
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+      // b0, b1 = Q^T[columns 2tq.. (+8)][row g] = Q[row g][columns 2tq.. (+8)]
+      const T* q = q_s + (nt * 8 + g) * Tr::kRowElems + ks * 16 + 2 * tq;
+      ws.q[ks][nt][0] = lds32(q);
+      ws.q[ks][nt][1] = lds32(q + 8);
+    }
   }
 #pragma unroll
   for (int ot = 0; ot < Tr::kOTiles; ++ot) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) ws.o[ot][e] = 0.0f;
-  }
-  ws.m[0] = ws.m[1] = -INFINITY;
-  ws.l[0] = ws.l[1] = 0.0f;
+    for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = g + 8 * h;
-    ws.slope[h] = a.has_alibi() && r < t.rows ? a.alibi_slope(t.b, t.head_of(r)) : 0.0f;
+      for (int e = 0; e < 4; ++e) ws.o[ot][nt][e] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = nt * 8 + 2 * tq + j;
+      ws.m[nt][j] = -INFINITY;
+      ws.l[nt][j] = 0.0f;
+      ws.slope[nt][j] = a.has_alibi() && r < t.rows ? a.alibi_slope(t.b, t.head_of(r)) : 0.0f;
+    }
   }
 }
 
@@ -472,10 +538,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
     cp_async_commit();
     const T* k_s = ring + (it % Tr::kStages) * kStageElems;
     const int key0 = (t.tile_begin + it) * Tr::kBlockK + slice * Tr::kSliceKeys;
-    float s[2][4];
+    float s[Tr::kRowTiles][4];
     slice_scores<T, HeadDim>(p, t, key0, k_s, ws, s);
-    slice_softmax<HeadDim>(s, ws);
-    slice_pv<T, HeadDim>(s, slice * Tr::kSliceKeys, column0, k_s + Tr::kBlockK * Tr::kRowElems, ws);
+    slice_softmax<HeadDim>(t, s, ws);
+    slice_pv<T, HeadDim>(t, s, slice * Tr::kSliceKeys, column0, k_s + Tr::kBlockK * Tr::kRowElems, ws);
   }
   cp_async_wait<0>();
   const bool poisoned = __syncthreads_or(!readable || src.saw_bad_index());
