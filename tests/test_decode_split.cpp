@@ -27,17 +27,25 @@ TEST(DecodeSplits, FewCtasSplitIntoWholeWaves) {
   EXPECT_EQ(choose_splits(shape(1, 8, 262144)), 32);
   // batch 16 x 8 heads = 128 CTAs: 2 splits (one wave of 256), not 3 (a wave and a half).
   EXPECT_EQ(choose_splits(shape(16, 8, 16384)), 2);
+  // batch 1 x 64k: 32 splits of 32 tiles, not 31 (one wave too, but of 34-tile splits).
+  EXPECT_EQ(choose_splits(shape(1, 8, 65536)), 32);
+  EXPECT_EQ(choose_splits(shape(1, 8, 16384)), 32);
   for (int batch : {1, 2, 4, 8, 16, 32}) {
+    // Within 10% of a perfect balance: every slot busy for ctas * tiles / slots tile steps.
+    const int tiles = 65536 / kKeys, slots = kCtasPerSm * kSms;
     const int s = choose_splits(shape(batch, 8, 65536));
-    EXPECT_GE(wave_efficiency(int64_t{s} * batch * 8, kCtasPerSm * kSms), 0.9) << batch;
+    const double ideal = static_cast<double>(batch) * 8 * tiles / slots;
+    EXPECT_LE(split_steps(batch * 8, s, tiles, slots), ideal / 0.9) << batch;
     EXPECT_LE(s, kMaxSplits);
   }
 }
 
-TEST(DecodeSplits, WaveEfficiencyCountsTheLastWave) {
-  EXPECT_DOUBLE_EQ(wave_efficiency(264, 264), 1.0);
-  EXPECT_DOUBLE_EQ(wave_efficiency(132, 264), 0.5);
-  EXPECT_DOUBLE_EQ(wave_efficiency(396, 264), 0.75);  // 1.5 waves
+TEST(DecodeSplits, StepsCountWavesTimesTheLongestSplit) {
+  EXPECT_EQ(split_steps(8, 32, 1024, 264), 32);   // 256 CTAs: one wave of 32 tiles
+  EXPECT_EQ(split_steps(8, 31, 1024, 264), 34);   // one wave, splits of ceil(1024 / 31)
+  EXPECT_EQ(split_steps(128, 3, 64, 264), 44);    // 384 CTAs: two waves of 22 tiles
+  EXPECT_EQ(split_steps(128, 2, 64, 264), 32);
+  EXPECT_EQ(split_steps(1, 1, 1, 264), 1);
 }
 
 TEST(DecodeSplits, PiecesKeepAMinimumLength) {

@@ -18,13 +18,6 @@ struct SplitShape {
   int forced;       // caller's count, 0 = heuristic
 };
 
-// The fraction of the GPU's CTA slots the last wave of n CTAs keeps busy,
-// averaged over all waves: n / (waves * slots).
-inline double wave_efficiency(long long n, long long slots) {
-  const long long waves = (n + slots - 1) / slots;
-  return static_cast<double>(n) / static_cast<double>(waves * slots);
-}
-
 // The kernel gives each of n splits ceil(tiles / n) tiles, so only
 // ceil(tiles / ceil(tiles / n)) of them get any: n is tight when that is n
 // (31 splits of 64 tiles would leave 9 CTAs of each sequence and head idle).
@@ -40,13 +33,23 @@ inline int tiles_per_split(int max_keys, int block_keys, int splits) {
   return (tiles + splits - 1) / std::max(1, splits);
 }
 
+// The tile steps of a call split n ways: waves of CTAs one after the other,
+// each as long as the longest split (ceil(tiles / n) tiles).
+inline long long split_steps(long long ctas, int n, int tiles, long long slots) {
+  const long long waves = (ctas * n + slots - 1) / slots;
+  return waves * ((tiles + n - 1) / n);
+}
+
 // NOTES: CTAs without splitting = batch * heads_kv * query_tiles, against
 // kCtasPerSm * sm_count resident slots. Each split adds one partial (O, lse)
 // per packed row and a combine pass, and a split shorter than
-// kMinTilesPerSplit tiles spends more on its start than on its keys. Among the
-// allowed tight counts the fewest splits whose waves are within kWaveSlack of
-// the best count's efficiency win: 128 CTAs on 264 slots split 2 ways (one full
-// wave), not 3 (a wave and a half).
+// kMinTilesPerSplit tiles spends more on its start than on its keys. A call
+// takes about split_steps tile steps; among the allowed tight counts the
+// fewest splits within kWaveSlack of the best count's steps win: 128 CTAs on
+// 264 slots split 2 ways (one wave of half-length splits), not 3 (two waves of
+// third-length ones); 8 CTAs with 1024 tiles 32 ways (32 tiles a split), not
+// 31 (a wave as full, but 34 tiles a split: measured 4% slower on the H100,
+// docs/inference.md).
 inline int choose_splits(const SplitShape& s) {
   const int tiles = std::max(1, (s.max_keys + s.block_keys - 1) / s.block_keys);
   const int most = std::max(1, std::min(kMaxSplits, tiles));
@@ -55,12 +58,12 @@ inline int choose_splits(const SplitShape& s) {
   const long long slots = 1LL * kCtasPerSm * std::max(1, s.sm_count);
   if (ctas <= 0 || ctas >= slots) return 1;
   const int limit = std::max(1, std::min(most, tiles / kMinTilesPerSplit));
-  double best = 0.0;
-  for (int n = 1; n <= limit; ++n) {
-    if (splits_are_tight(n, tiles)) best = std::max(best, wave_efficiency(ctas * n, slots));
+  long long best = split_steps(ctas, 1, tiles, slots);
+  for (int n = 2; n <= limit; ++n) {
+    if (splits_are_tight(n, tiles)) best = std::min(best, split_steps(ctas, n, tiles, slots));
   }
   for (int n = 1; n <= limit; ++n) {
-    if (splits_are_tight(n, tiles) && wave_efficiency(ctas * n, slots) >= kWaveSlack * best) return n;
+    if (splits_are_tight(n, tiles) && kWaveSlack * split_steps(ctas, n, tiles, slots) <= best) return n;
   }
   return limit;
 }

@@ -27,8 +27,8 @@ constexpr int kCtasPerSm = 2;
 // parallel combine (docs/performance.md 3.6): at batch 1 x 4k keys 32 splits of
 // 2 tiles read 1171 GB/s against 1082 for 16 of 4.
 constexpr int kMinTilesPerSplit = 2;
-// The split count takes the fewest splits whose wave efficiency is within this
-// factor of the best count's (more splits only add partials to combine).
+// The split count takes the fewest splits whose tile steps (split.h) are
+// within this factor of the best count's (more splits only add partials to combine).
 constexpr double kWaveSlack = 0.95;
 // Upper bound on splits (workspace and combine loop length).
 constexpr int kMaxSplits = 64;
