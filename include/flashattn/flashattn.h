@@ -182,8 +182,8 @@ typedef struct fa_block_mask {
  *                 element's coordinates under (dropout_seed, dropout_offset): give
  *                 the backward the forward's values. fa_dropout_mask shows them.
  *   block_mask:   NULL, or the key blocks each query block visits (fa_block_mask);
- *                 give the backward the forward's mask. With dropout too, the CUDA
- *                 backend runs the sm80 kernels (docs/variants.md). */
+ *                 give the backward the forward's mask; dropout applies too
+ *                 (docs/variants.md). */
 typedef struct fa_extras {
   const fa_tensor* alibi_slopes;
   const fa_tensor* sinks;

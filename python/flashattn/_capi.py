@@ -1018,7 +1018,7 @@ def forward(q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_k=None, max
     backward needs the same three values. ``block_mask``: a FlexAttention BlockMask, a
     flashattn.BlockMask or block_mask_parts() of one (host int32 lists, for the CPU and the
     CUDA backend; under CUDA-graph capture after a warm-up call with the same lists; with
-    dropout, CUDA runs its sm80 kernels): only the listed key blocks of each query block are visited, the
+    dropout too): only the listed key blocks of each query block are visited, the
     element mask (causal, window) applying inside them; the backward needs the same mask.
 
     q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim), out like

@@ -4,12 +4,12 @@
 //   forward:  sm90 where can_run_forward(p) (a 9.0 device, shapes TMA can
 //             describe, FLASHATTN_DISABLE_SM90 unset), else sm80;
 //             FA_ERROR_UNSUPPORTED from sm90 falls back to sm80; a block
-//             mask runs either (sm90/fwd/scheduler.cuh's ListedKeys); with
-//             dropout, sm80.
+//             mask runs either (sm90/fwd/scheduler.cuh's ListedKeys), with
+//             or without dropout.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
-//             (a block mask: fixed lengths, no dropout, every listed tile
-//             whole on its tiles; FA_ERROR_UNSUPPORTED before any launch
-//             otherwise), else sm80's, then the post-pass, all on p.stream.
+//             (a block mask: fixed lengths, every listed tile whole on its
+//             tiles; FA_ERROR_UNSUPPORTED before any launch otherwise), else
+//             sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).
 #include <cuda_bf16.h>

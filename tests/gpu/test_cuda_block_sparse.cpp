@@ -6,7 +6,8 @@
 // block_sparse_suite (densities 0, 0.1, 0.5, 1; blocks of 128 x 128 and sizes
 // dividing no length; causal, window + softcap, GQA with shared lists, ALiBi +
 // sinks, varlen with empty sequences, dropout, sizes 1 / 7 / 113 / 203, every
-// head dim) and dropout at every head dim (the sm80 kernels run both)
+// head dim) and dropout at every head dim (blocks of 16 x 32: the Hopper
+// forward, the sm80 backward; tests/gpu/test_sm90_dropout.cpp has the Hopper backward)
 // against the float64 reference, forward (both kernels) and backward; shapes
 // of several query and key tiles on the Hopper forward (tiles listed whole,
 // in part and not at all); the Hopper forward at density 1 bitwise equal to
@@ -31,6 +32,7 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "common/variants_check.h"
+#include "cuda/sm90/fwd/api.h"
 #include "device.h"
 #include "variants_run.h"
 
@@ -41,7 +43,8 @@ namespace {
 const std::vector<int> kHeadDims = {32, 40, 64, 72, 96, 128, 160, 192, 256};
 
 // The suite, plus a block mask with dropout at every head dim and with GQA
-// (the sm80 kernels' BlockSparseDropoutTuning shapes and their backward).
+// (on the Hopper forward, and on the sm80 kernels' BlockSparseDropoutTuning
+// shapes and their backward).
 // NOTES: no mask that cuts blocks (causal, windows): a row could then see a
 // single key, which dropout's tolerance has no room for (dropout_suite).
 std::vector<Case> cuda_block_sparse_suite() {
@@ -160,7 +163,9 @@ INSTANTIATE_TEST_SUITE_P(Hopper, CudaBlockSparseWalk, ::testing::ValuesIn(hopper
 // the short key tile: d 128 below 8k keys, d 256, d 64 causal), so the same
 // bits come out. (A fallback to the sm80 kernel would not give them.)
 TEST(CudaBlockSparseBitwise, HopperForwardAtDensityOneIsDense) {
-  FA_REQUIRE_GPU();
+  FA_REQUIRE_SM90();
+  // (Both calls on the sm80 forward take different tile shapes, BlockSparseTuning.)
+  if (cuda::sm90::disabled_by_env()) GTEST_SKIP() << "FLASHATTN_DISABLE_SM90: the Hopper forward is off";
   for (const int d : {64, 128, 256}) {
     Case c = make_case(FA_BF16, 1000, 1300, d, 6700 + d);
     c.causal = d == 64;

@@ -106,11 +106,11 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
   backward_cta<D, T, Drop, DenseQueryWalk>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, DenseQueryWalk::Tiles{});
 }
 
-// The kernel of a block mask: the lists' steps in `tiles`.
+// The kernel of a block mask (with or without dropout): the lists' steps in `tiles`.
 // NOTES: a kernel of its own rather than a parameter of backward_kernel: an
 // empty parameter there changed how the plain kernels load the workspace's
 // fields and took the d 128 dropout kernel's spill from 28 to 52 bytes.
-template <int D, typename T>
+template <int D, typename T, class Drop = NoDropout>
 __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     block_sparse_backward_kernel(const __grid_constant__ CUtensorMap tma_q,
                                  const __grid_constant__ CUtensorMap tma_dq,
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
                                  const __grid_constant__ CUtensorMap tma_v,
                                  const __grid_constant__ AttentionParams p, const bwd::Workspace ws,
                                  const __grid_constant__ BlockTiles tiles) {
-  backward_cta<D, T, NoDropout, ListedQueryWalk>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, tiles);
+  backward_cta<D, T, Drop, ListedQueryWalk>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, tiles);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -63,7 +63,7 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     // one is not full: the sm80 kernel takes the call; api.cu).
     BlockTileBuffer steps;
     FA_RETURN_IF_ERROR(steps.build(p, K::kBlockM, K::kBlockN, BlockWalk::kGroupSteps));
-    auto kernel = block_sparse_backward_kernel<D, T>;
+    auto kernel = p.has_dropout() ? block_sparse_backward_kernel<D, T, PhiloxDropout> : block_sparse_backward_kernel<D, T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     if (err == cudaSuccess) {
       kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws, steps.view());

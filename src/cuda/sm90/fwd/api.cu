@@ -38,9 +38,10 @@ bool supports_forward(const AttentionParams& p) {
   // Dropout (fwd/dropout.cuh) has no KV-cache-source instantiation (the
   // KV-cache call refuses dropout; seqused_k on its own goes to sm80).
   if (p.has_dropout() && p.seqused_k != nullptr) return false;
-  // Block masks have neither (the sm80 forward runs a block mask with
-  // dropout; the KV-cache API refuses block masks).
-  if (p.has_block_mask() && (p.has_dropout() || p.seqused_k != nullptr)) return false;
+  // Block masks have no KV-cache-source instantiation either (the KV-cache
+  // API refuses block masks); with dropout they run block_sparse_forward_kernel's
+  // PhiloxDropout instantiation.
+  if (p.has_block_mask() && p.seqused_k != nullptr) return false;
   if (p.batch <= 0 || p.heads_q <= 0 || p.heads_kv <= 0 || p.total_q <= 0 || p.total_k <= 0)
     return false;
   // TMA: global strides must be 16-byte multiples and the base 16-byte aligned

@@ -93,11 +93,12 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, kCache>::kThreads, 1)
   forward_cta<Tune, T, C, N, kSplit, kCache, Drop, DenseKeys>(tma_q, tma_k, tma_v, tma_o, p, a, DenseKeys::Tiles{});
 }
 
-// The kernel of a block mask: its lists on this kernel's tiles in `blocks`.
+// The kernel of a block mask (with or without dropout): its lists on this
+// kernel's tiles in `blocks`.
 // NOTES: a kernel of its own rather than a parameter of forward_kernel: the
 // lists in FwdArgs (32 more bytes of it) changed the plain kernels' SASS
 // (53-221 instructions rescheduled in each).
-template <class Tune, typename T, int C, int N>
+template <class Tune, typename T, int C, int N, class Drop = NoDropout>
 __global__ void __launch_bounds__(FwdTraits<Tune, C, N, false>::kThreads, 1)
     block_sparse_forward_kernel(const __grid_constant__ CUtensorMap tma_q,
                                 const __grid_constant__ CUtensorMap tma_k,
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(FwdTraits<Tune, C, N, false>::kThreads, 1)
                                 const __grid_constant__ CUtensorMap tma_o,
                                 const __grid_constant__ AttentionParams p, const __grid_constant__ FwdArgs a,
                                 const __grid_constant__ BlockTiles blocks) {
-  forward_cta<Tune, T, C, N, false, false, NoDropout, ListedKeys>(tma_q, tma_k, tma_v, tma_o, p, a, blocks);
+  forward_cta<Tune, T, C, N, false, false, Drop, ListedKeys>(tma_q, tma_k, tma_v, tma_o, p, a, blocks);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -151,8 +151,8 @@ fa_status make_kv_maps(CUtensorMap* mk, CUtensorMap* mv, const AttentionParams& 
 
 // Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh); dropout never takes the
 // KV-cache route (api.cu's supports_forward). Walk: DenseKeys, or ListedKeys
-// for a block mask (neither KV cache nor dropout: supports_forward sends
-// dropout with a block mask to sm80, the KV-cache API refuses block masks).
+// for a block mask, with or without dropout (no KV cache: the KV-cache API
+// refuses block masks).
 template <class Tune, typename T, int C, int N, class Drop, class Walk = DenseKeys>
 fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
   using K = FwdTraits<Tune, C, N>;
@@ -205,7 +205,7 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
 
   cudaError_t err = cudaSuccess;
   if constexpr (Walk::kListed) {
-    err = launch_main<K>(block_sparse_forward_kernel<Tune, T, C, N>, grid, stream, mq, mk, mv, mo, p, a,
+    err = launch_main<K>(block_sparse_forward_kernel<Tune, T, C, N, Drop>, grid, stream, mq, mk, mv, mo, p, a,
                          block_tiles.view());
   } else {
     // The KV-cache route (seqused_k set) runs the cache-source kernel (traits.h).
@@ -237,7 +237,8 @@ fa_status launch_kernel(const AttentionParams& p, const KvPages& pages) {
 // With dropout, kDropoutConsumers warpgroups (tuning.h) and kBlockN-key tiles:
 // the Philox call covers 32 keys (fwd/dropout.cuh), which a 176-key tile
 // splits, so every such tile makes one call whose half it drops.
-// A block mask: kBlockSparseConsumers warpgroups, kBlockN-key tiles.
+// A block mask: kBlockSparseConsumers warpgroups, kBlockN-key tiles (with
+// dropout too: those are dropout's shape, LaunchVisitor checks it).
 template <int D, class Visitor>
 fa_status visit_instantiation(const AttentionParams& p, Visitor& v, bool paged = false) {
   using Tune = ForwardTuning<D>;
@@ -267,6 +268,8 @@ struct LaunchVisitor {
   template <class Tune, int C, int N>
   fa_status run() const {
     if constexpr (C == kBlockSparseConsumers && N == Tune::kBlockN) {
+      static_assert(kBlockSparseConsumers == Tune::kDropoutConsumers, "a block mask with dropout: one shape");
+      if (p.has_block_mask() && p.has_dropout()) return launch_kernel<Tune, T, C, N, PhiloxDropout, ListedKeys>(p, pages);
       if (p.has_block_mask()) return launch_kernel<Tune, T, C, N, NoDropout, ListedKeys>(p, pages);
     }
     if constexpr (C == Tune::kDropoutConsumers && N == Tune::kBlockN) {

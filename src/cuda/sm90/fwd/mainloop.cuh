@@ -25,7 +25,7 @@ namespace flashattn::cuda::sm90 {
 // ListedKeys (scheduler.cuh).
 template <class K, typename T, bool kSplit, class Drop = NoDropout, class Walk = DenseKeys>
 struct Consumer {
-  static_assert(!(Walk::kListed && (K::kCache || Drop::kOn)), "block masks: no KV-cache or dropout instantiation");
+  static_assert(!(Walk::kListed && K::kCache), "block masks: no KV-cache instantiation");
   static constexpr int D = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN;
   static constexpr uint32_t kTurnThreads = 256;
   // A tile's last P V and the next tile's first S in one turn (traits.h).
