@@ -113,9 +113,9 @@ struct BlockTiles {
   ListedBlocks blocks;
   TileSchedule schedule;  // built for a persistent launch only (BlockTileBuffer::build's grid)
   TileList steps;         // kGroupSteps: per (sequence, kv head, key tile) its (query head, query tile) steps
-  // kGroupSteps, per entry of steps: the key tile whose dQ adds into the
-  // step's (query head, query tile) come right before this key tile's in
-  // deterministic mode (the next-higher one that lists and sees it), or -1.
+  // kGroupSteps, per entry of steps: wait_dq_turn's n_tile for the step's
+  // (query head, query tile) in deterministic mode: the next-higher key tile
+  // that lists it, less one (k_tiles - 1 when none).
   const int32_t* step_turns = nullptr;
 
   // The list row of (sequence b, query head h).

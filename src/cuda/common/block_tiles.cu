@@ -135,14 +135,14 @@ HostTileList transpose(const HostTileList& by_query, int64_t rows, int64_t q_til
   return out;
 }
 
-// The lowest key tile above n that lists query tile q of list row `row`, or
-// -1: whose dQ adds precede key tile n's in the deterministic backward
-// (wait_dq_turn skips the wait where that tile does not see q under the
-// element mask; above it no tile does, query_begin only grows with the key).
+// wait_dq_turn's n_tile for key tile n's adds into query tile q of list row
+// `row` in the deterministic backward: the lowest key tile above n that lists
+// q, less one (its adds precede n's; wait_dq_turn skips the wait where it does
+// not see q under the element mask, and above it no tile does, query_begin
+// only grows with the key), or k_tiles - 1 when none does (no wait).
 int32_t turn_before(const HostTileLists& lists, int64_t row, int q, int n, int q_tiles, int k_tiles) {
   const TileList by_query{lists.key_start.data(), lists.key_entries.data(), q_tiles};
-  const int n_next = next_key_tile(by_query, row, q, n, k_tiles);
-  return n_next == k_tiles ? -1 : n_next;
+  return next_key_tile(by_query, row, q, n, k_tiles) - 1;
 }
 
 // kGroupSteps: the transposed lists restated per (sequence b, kv head hk,

@@ -99,14 +99,13 @@ struct ListedQueryWalk {
     h = entry >> kStepHeadShift;
     m = entry & kStepTileMask;
   }
-  // As DenseQueryWalk's: the next-higher key tile that lists and sees the
-  // step's (h, m), found on the host (BlockTiles::step_turns; -1: none, and
-  // gridDim.x - 1 makes wait_dq_turn return at once).
+  // As DenseQueryWalk's: wait_dq_turn's n_tile, the next-higher key tile
+  // that lists the step's (h, m) less one, found on the host
+  // (BlockTiles::step_turns; gridDim.x - 1 when none, so the wait returns at once).
   // NOTES: a binary search here (as the sm80 kernel does) spilled 8 bytes
   // in the d 64 / d 128 block-mask kernels.
   __device__ __forceinline__ static int turn_before(const Tiles& tiles, const BwdCta& c, int it) {
-    const int n = tiles.step_turns[c.w.first + it];
-    return (n < 0 ? static_cast<int>(gridDim.x) : n) - 1;
+    return tiles.step_turns[c.w.first + it];
   }
 };
 
