@@ -178,7 +178,6 @@ struct WarpState {
 };
 
 // Row tiles that hold packed rows (uniform over the CTA): the rest are skipped.
-template <int HeadDim>
 __device__ __forceinline__ bool row_tile_used(const TileWork& t, int nt) {
   return nt == 0 || nt * 8 < t.rows;
 }
@@ -214,7 +213,7 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
     ldmatrix_x4(a, smem_addr(base + ks * 16));
 #pragma unroll
     for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-      if (row_tile_used<HeadDim>(t, nt)) mma_m16n8k16<T>(acc[ks % 2][nt], a, ws.q[ks][nt][0], ws.q[ks][nt][1]);
+      if (row_tile_used(t, nt)) mma_m16n8k16<T>(acc[ks % 2][nt], a, ws.q[ks][nt][0], ws.q[ks][nt][1]);
     }
   }
   const AttentionParams& a = p.attn;
@@ -233,7 +232,7 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
   };
 #pragma unroll
   for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-    if (!row_tile_used<HeadDim>(t, nt)) continue;  // s[nt] is not read (slice_softmax, slice_pv)
+    if (!row_tile_used(t, nt)) continue;  // s[nt] is not read (slice_softmax, slice_pv)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = nt * 8 + 2 * tq + e % 2, j = key0 + g + (e >= 2 ? 8 : 0), i = t.query_of(r);
@@ -265,8 +264,9 @@ __device__ __forceinline__ float key_lanes_sum(float x) {
 // the warp has grown past its row's m by more than kRescaleSlack (log2 units),
 // O, l and m stay and P = 2^(S - m) may reach 2^kRescaleSlack. O / l and the
 // lse m + log2 l are the same for any reference, so this is exact; once the
-// rows' maxima settle, a slice skips both the O rescale (kOTiles * 8
-// multiplies a thread at head dim 128) and the row max's shuffles: one vote
+// rows' maxima settle, a slice skips both the O rescale (kOTiles * 4
+// multiplies a thread and used row tile: 32 at head dim 128) and the row
+// max's shuffles (three per row a thread holds): one vote
 // instead. A grown row sets every row of the warp to its exact max (uniform
 // branch). l is this lane's share, so P's sum needs no shuffle either.
 template <int HeadDim>
@@ -276,14 +276,14 @@ __device__ __forceinline__ void slice_softmax(const TileWork& t, float (&s)[Trai
   bool grown = false;
 #pragma unroll
   for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-    if (!row_tile_used<HeadDim>(t, nt)) continue;
+    if (!row_tile_used(t, nt)) continue;
 #pragma unroll
     for (int j = 0; j < 2; ++j) grown |= fmaxf(s[nt][j], s[nt][j + 2]) > ws.m[nt][j] + kRescaleSlack;
   }
   if (__any_sync(0xffffffffu, grown)) {
 #pragma unroll
     for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-      if (!row_tile_used<HeadDim>(t, nt)) continue;
+      if (!row_tile_used(t, nt)) continue;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         // m_new = max(m, rowmax(S)); c = 2^(m_old - m_new), 1 for a row that has seen no key (m = -inf)
@@ -301,7 +301,7 @@ __device__ __forceinline__ void slice_softmax(const TileWork& t, float (&s)[Trai
   }
 #pragma unroll
   for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-    if (!row_tile_used<HeadDim>(t, nt)) continue;
+    if (!row_tile_used(t, nt)) continue;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       // P = 2^(S - m); 2^-inf = 0 for masked keys, and 0 throughout a row without a max yet
@@ -322,7 +322,7 @@ __device__ __forceinline__ void slice_pv(const TileWork& t, const float (&s)[Tra
   uint32_t pb[Tr::kRowTiles][2];
 #pragma unroll
   for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-    if (!row_tile_used<HeadDim>(t, nt)) continue;
+    if (!row_tile_used(t, nt)) continue;
     pb[nt][0] = movmatrix_trans(MmaType<T>::pack(s[nt][0], s[nt][1]));
     pb[nt][1] = movmatrix_trans(MmaType<T>::pack(s[nt][2], s[nt][3]));
   }
@@ -336,7 +336,7 @@ __device__ __forceinline__ void slice_pv(const TileWork& t, const float (&s)[Tra
     ldmatrix_x4_trans(a, smem_addr(base + ot * 16));
 #pragma unroll
     for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
-      if (row_tile_used<HeadDim>(t, nt)) mma_m16n8k16<T>(ws.o[ot][nt], a, pb[nt][0], pb[nt][1]);
+      if (row_tile_used(t, nt)) mma_m16n8k16<T>(ws.o[ot][nt], a, pb[nt][0], pb[nt][1]);
     }
   }
 }

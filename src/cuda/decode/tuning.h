@@ -47,8 +47,9 @@ constexpr int kCombinePrefetch = 8;
 
 // How far (log2 units) a row's max may grow past the softmax's reference max
 // before the warp rescales O (kernel.cuh, slice_softmax): P then stays below
-// 2^8 = 256, far inside f32 and 16-bit P's range, while the rescale (64
-// multiplies a thread at head dim 128) is skipped once the maxima settle.
+// 2^8 = 256, far inside f32 and 16-bit P's range, while the rescale (32
+// multiplies a thread at head dim 128 and one row tile) and the row max's
+// shuffles are skipped once the maxima settle.
 constexpr float kRescaleSlack = 8.0f;
 
 // Query rows per sequence from which a KV-cache call on an sm_90 device runs
