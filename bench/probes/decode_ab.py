@@ -7,7 +7,7 @@ copy of the baseline to see the run's own spread. Each process also checks its o
 SDPA's math backend (max difference printed).
 
   PYTHONPATH=python:bench python3 bench/probes/decode_ab.py base=a/libflashattn.so new=b/libflashattn.so \\
-      [--pages 0,16] [--rounds 2] [--shapes 1x4096,16x4096]
+      [--pages 0,16] [--rounds 2] [--shapes 1x4096,16x4096] [--hdim 128]
 """
 import argparse
 import json
@@ -17,10 +17,11 @@ import subprocess
 import sys
 
 
-def child(pages, shapes):
+def child(pages, shapes, hdim):
     """Runs in the child process: GB/s per (shape, page) for the library FLASHATTN_LIBRARY names."""
     import torch
     import bench_decode as bd
+    bd.HEAD_DIM = hdim  # read by bench_decode.Decode at every call
     rows = {}
     for batch, kv in shapes:
         d = bd.Decode(batch, kv)
@@ -34,7 +35,8 @@ def child(pages, shapes):
 
 def run_build(path, args):
     env = dict(os.environ, FLASHATTN_LIBRARY=os.path.abspath(path))
-    cmd = [sys.executable, __file__, "--child", "--pages", args.pages, "--shapes", args.shapes]
+    cmd = [sys.executable, __file__, "--child", "--pages", args.pages, "--shapes", args.shapes,
+           "--hdim", str(args.hdim)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -53,11 +55,12 @@ def main():
     ap.add_argument("--shapes", default="1x4096,1x16384,1x65536,1x262144,16x4096,16x16384,"
                     "64x4096,64x16384,128x8192")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--hdim", type=int, default=128, help="head dim (bench_decode's shapes otherwise)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     pages = [int(p) for p in args.pages.split(",")]
     if args.child:
-        child(pages, parse_shapes(args.shapes))
+        child(pages, parse_shapes(args.shapes), args.hdim)
         return
     builds = [lib.split("=", 1) for lib in args.libs]
     results = {name: [] for name, _ in builds}
