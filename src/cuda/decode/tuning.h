@@ -14,10 +14,13 @@ constexpr int kMaxRows = 16;
 // the 228 KiB of an H100 SM: ~136 KiB in flight per SM, several times what
 // HBM latency (~1 us) x per-SM bandwidth (3 TB/s / 132 = 23 GB/s) asks for.
 constexpr int kRingBytes = 102 * 1024;
-// Pipeline depth bounds: at least double buffering; beyond four stages the
-// ring only costs occupancy.
+// Pipeline depth bounds: at least double buffering; at most five stages, what
+// head dim 64's 18 KiB stages fill the ring with (the other buckets' 34 KiB
+// stages fit three). Measured on the H100 (docs/performance.md 3.6): five
+// stages at d64 against four read 1.15-1.27x at batch 64 x 4k-16k, 1.02 at
+// 128 x 8k, level at batch 1-16.
 constexpr int kMinStages = 2;
-constexpr int kMaxStages = 4;
+constexpr int kMaxStages = 5;
 // The split heuristic aims at this many CTAs per SM, so memory latency is hidden
 // by a second resident CTA.
 constexpr int kCtasPerSm = 2;
