@@ -40,6 +40,20 @@ TEST(DecodeSplits, FewCtasSplitIntoWholeWaves) {
   }
 }
 
+TEST(DecodeSplits, SlotsFollowTheCtasAnSmHolds) {
+  // 84 SMs holding one ring each (sm_86 / sm_89: ~100 KiB of shared memory an
+  // SM) or two: batch 1 x 8 heads x 16k keys splits into one wave of either,
+  // 10 ways (80 of 84 slots) or 20 (160 of 168); batch 16 (128 CTAs) already
+  // fills the 84 slots.
+  SplitShape one = {1, 8, 1, 16384, kKeys, 84, 0, 1};
+  SplitShape two = one;
+  two.ctas_per_sm = 2;
+  EXPECT_EQ(choose_splits(one), 10);
+  EXPECT_EQ(choose_splits(two), 20);
+  one.batch = 16;
+  EXPECT_EQ(choose_splits(one), 1);
+}
+
 TEST(DecodeSplits, StepsCountWavesTimesTheLongestSplit) {
   EXPECT_EQ(split_steps(8, 32, 1024, 264), 32);   // 256 CTAs: one wave of 32 tiles
   EXPECT_EQ(split_steps(8, 31, 1024, 264), 34);   // one wave, splits of ceil(1024 / 31)

@@ -8,6 +8,7 @@ SDPA's math backend (max difference printed).
 
   PYTHONPATH=python:bench python3 bench/probes/decode_ab.py base=a/libflashattn.so new=b/libflashattn.so \\
       [--pages 0,16] [--rounds 2] [--shapes 1x4096,16x4096] [--hdim 128]
+  (a build may carry environment variables for its process: small=b/libflashattn.so,FLASHATTN_DECODE_SMALL_RING=1)
 """
 import argparse
 import json
@@ -34,7 +35,9 @@ def child(pages, shapes, hdim):
 
 
 def run_build(path, args):
-    env = dict(os.environ, FLASHATTN_LIBRARY=os.path.abspath(path))
+    # path[,KEY=VALUE...]: the library and environment variables of its process
+    path, *settings = path.split(",")
+    env = dict(os.environ, FLASHATTN_LIBRARY=os.path.abspath(path), **dict(s.split("=", 1) for s in settings))
     cmd = [sys.executable, __file__, "--child", "--pages", args.pages, "--shapes", args.shapes,
            "--hdim", str(args.hdim)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -50,7 +53,8 @@ def parse_shapes(text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("libs", nargs="*", help="NAME=path/to/libflashattn.so")
+    ap.add_argument("libs", nargs="*", help="NAME=path/to/libflashattn.so[,ENV=VALUE...] (variables for that "
+                    "build's process, e.g. FLASHATTN_DECODE_SMALL_RING=1)")
     ap.add_argument("--pages", default="0", help="page sizes, 0 = contiguous cache")
     ap.add_argument("--shapes", default="1x4096,1x16384,1x65536,1x262144,16x4096,16x16384,"
                     "64x4096,64x16384,128x8192")

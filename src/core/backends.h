@@ -38,6 +38,9 @@ fa_status forward_kvcache(const KvCacheParams& params);
 // Which kernels forward_kvcache runs for these params (tests assert it).
 enum class KvCacheRoute { kDecode, kHopperForward };
 KvCacheRoute kvcache_route(const KvCacheParams& params);
+// K/V ring stages of the decode kernel those params run on this device (0 on
+// the Hopper route): kRingBytes' ring or the smaller GPUs' (tests assert it).
+int kvcache_ring_stages(const KvCacheParams& params);
 // Whether `stream` is capturing a CUDA graph (nothing may synchronize then).
 fa_status stream_is_capturing(void* stream, int device_index, bool* capturing);
 // Copies device memory to the host in the order of `stream` (the call's stream, after the

@@ -23,5 +23,6 @@ fa_status check_kvcache(const KvCacheParams&) { return not_built(); }
 size_t kvcache_workspace_size(const KvCacheParams&) { return 0; }
 fa_status forward_kvcache(const KvCacheParams&) { return not_built(); }
 KvCacheRoute kvcache_route(const KvCacheParams&) { return KvCacheRoute::kDecode; }
+int kvcache_ring_stages(const KvCacheParams&) { return 0; }
 fa_status stream_is_capturing(void*, int, bool*) { return not_built(); }
 }  // namespace flashattn::cuda

@@ -184,6 +184,43 @@ INSTANTIATE_TEST_SUITE_P(Suite, CudaKvCache, ::testing::ValuesIn(gpu_suite()),
 INSTANTIATE_TEST_SUITE_P(Extras, CudaKvCache, ::testing::ValuesIn(gpu_extras_suite()),
                          [](const auto& info) { return info.param.name(); });
 
+// The decode kernel's K/V ring stages for a call (cuda::kvcache_ring_stages on the params it builds).
+int ring_stages_of(DeviceKv& d) {
+  const fa_kvcache desc = d.describe();
+  const fa_options o = d.options();
+  KvCacheParams kp;
+  EXPECT_EQ(make_kvcache_params({&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o}, &kp), FA_OK) << fa_last_error();
+  return cuda::kvcache_ring_stages(kp);
+}
+
+// The smaller ring that GPUs whose blocks may not take the default one run
+// (sm_86 / sm_89: kSmallRingBytes, src/cuda/decode/tuning.h), forced on this
+// GPU: every case of both suites, with the heuristic's and 3 splits, against
+// the float64 reference; each decode call's stage count is checked to drop.
+TEST(CudaKvCacheSmallRing, MatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  constexpr const char* kSwitch = "FLASHATTN_DECODE_SMALL_RING";
+  std::vector<KvCase> cases = gpu_suite();
+  for (const KvCase& c : gpu_extras_suite()) cases.push_back(c);
+  for (KvCase c : cases) {
+    SCOPED_TRACE(c.name());
+    const KvProblem p = make_kv_problem(c);
+    DeviceKv d(p);
+    const int stages = ring_stages_of(d);
+    ASSERT_EQ(setenv(kSwitch, "1", 1), 0);
+    const int small = ring_stages_of(d);
+    if (stages > 0) {
+      EXPECT_GE(small, 2);
+      EXPECT_LT(small, stages);
+    }
+    for (int splits : {0, 3}) {
+      c.num_splits = splits;
+      run_and_check(c);
+    }
+    unsetenv(kSwitch);
+  }
+}
+
 TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
   FA_REQUIRE_GPU();
   KvCase c{.seqlen_q = 1, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {20, 5},

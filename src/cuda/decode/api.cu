@@ -9,6 +9,7 @@
 #include "core/backends.h"
 #include "core/error.h"
 #include "cuda/common/device_guard.h"
+#include "cuda/common/launch_env.h"
 #include "cuda/decode/combine.cuh"
 #include "cuda/decode/kernel.cuh"
 #include "cuda/decode/split.h"
@@ -87,9 +88,48 @@ bool takes_forward_route(const KvCacheParams& kp) {
   return sm90::can_run_forward(forward_params(kp, probe));
 }
 
+int device_attribute(cudaDeviceAttr what, int device_index) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, what, device_index) != cudaSuccess) cudaGetLastError();
+  return v;
+}
+
+// The decode kernel's ring on this device, and how many of its CTAs an SM holds
+// (the split heuristic's slots per SM).
+// NOTES: kRingBytes' ring where a block may take it (sm_80, sm_90), else
+// kSmallRingBytes' (sm_86 / sm_89; tuning.h), which FLASHATTN_DECODE_SMALL_RING=1
+// forces so that the smaller GPUs' path is tested on any GPU (no tuning knob).
+struct RingFit {
+  bool small = false;
+  int stages = 0;
+  int ctas_per_sm = decode::kCtasPerSm;
+};
+template <int HeadDim>
+RingFit ring_fit(int device_index) {
+  using Big = decode::Ring<HeadDim, decode::kRingBytes>;
+  using Small = decode::Ring<HeadDim, decode::kSmallRingBytes>;
+  RingFit f;
+  f.small = env_switch("FLASHATTN_DECODE_SMALL_RING") ||
+            device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index) < Big::kSmemBytes;
+  f.stages = f.small ? Small::kStages : Big::kStages;
+  const int cta = (f.small ? Small::kSmemBytes : Big::kSmemBytes) +
+                  device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, device_index);
+  const int per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_index);
+  f.ctas_per_sm = std::clamp(per_sm / cta, 1, decode::kCtasPerSm);
+  return f;
+}
+RingFit ring_fit_of(int head_dim, int device_index) {
+  switch (head_dim_bucket(head_dim)) {
+    case 64: return ring_fit<64>(device_index);
+    case 128: return ring_fit<128>(device_index);
+    default: return ring_fit<256>(device_index);
+  }
+}
+
 // Splits, tiles and the workspace's pieces for a call.
 struct Plan {
   bool forward = false;  // the Hopper route
+  RingFit ring;  // the decode kernel's
   int splits = 1;
   int query_tiles = 1;
   bool l2_prefetch = false;  // decode::Work::l2_prefetch
@@ -115,8 +155,9 @@ Plan make_plan(const KvCacheParams& kp) {
     return plan;
   }
   const int block_keys = decode::block_keys(head_dim_bucket(a.head_dim));
+  plan.ring = ring_fit_of(a.head_dim, a.device_index);
   plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity, block_keys,
-                                       sm_count(a.device_index), kp.num_splits});
+                                       sm_count(a.device_index), kp.num_splits, plan.ring.ctas_per_sm});
   plan.l2_prefetch = !kp.is_paged() && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
                                            decode::kPrefetchMaxSplitTiles;
   // The prefetch before the grid wait computes rows without a lookup (no
@@ -179,10 +220,10 @@ fa_status launch(void (*kernel)(KvCacheParams, decode::Work), dim3 grid, int sme
 // call's combine, the caller's work writing q or cache_seqlens), its writes are
 // visible. What the overlap saves is the launch: the grid is resident when the
 // kernel before it finishes, if that kernel allows dependents early (ours do).
-template <typename T, int HeadDim, template <int> class Source>
+template <typename T, int HeadDim, int RingBytes, template <int> class Source>
 fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
-  using Tr = decode::Traits<HeadDim>;
-  auto kernel = decode::decode_kernel<T, HeadDim, Source>;
+  using Tr = decode::Ring<HeadDim, RingBytes>;
+  auto kernel = decode::decode_kernel<T, HeadDim, RingBytes, Source>;
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
   if (optin < Tr::kSmemBytes) {
@@ -203,14 +244,20 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStre
                 "decode combine kernel");
 }
 
-template <typename T, int HeadDim>
+template <typename T, int HeadDim, int RingBytes>
 fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
-  return kp.is_paged() ? launch_decode<T, HeadDim, decode::PagedKv>(kp, w, stream)
-                       : launch_decode<T, HeadDim, decode::ContiguousKv>(kp, w, stream);
+  return kp.is_paged() ? launch_decode<T, HeadDim, RingBytes, decode::PagedKv>(kp, w, stream)
+                       : launch_decode<T, HeadDim, RingBytes, decode::ContiguousKv>(kp, w, stream);
+}
+
+template <typename T, int HeadDim>
+fa_status launch_for_ring(const KvCacheParams& kp, const decode::Work& w, bool small_ring, cudaStream_t stream) {
+  return small_ring ? launch_for_cache<T, HeadDim, decode::kSmallRingBytes>(kp, w, stream)
+                    : launch_for_cache<T, HeadDim, decode::kRingBytes>(kp, w, stream);
 }
 
 template <typename T>
-fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
+fa_status run(const KvCacheParams& kp, const decode::Work& w, bool small_ring, cudaStream_t stream) {
   const AttentionParams& a = kp.attn;
   // NOTES: with no new tokens, no rotary and no key counts to write there is
   // nothing to append: one launch fewer.
@@ -226,9 +273,9 @@ fa_status run(const KvCacheParams& kp, const decode::Work& w, cudaStream_t strea
     if (s != FA_ERROR_UNSUPPORTED) return s;
   }
   switch (head_dim_bucket(a.head_dim)) {
-    case 64: return launch_for_cache<T, 64>(kp, w, stream);
-    case 128: return launch_for_cache<T, 128>(kp, w, stream);
-    default: return launch_for_cache<T, 256>(kp, w, stream);
+    case 64: return launch_for_ring<T, 64>(kp, w, small_ring, stream);
+    case 128: return launch_for_ring<T, 128>(kp, w, small_ring, stream);
+    default: return launch_for_ring<T, 256>(kp, w, small_ring, stream);
   }
 }
 
@@ -238,6 +285,11 @@ size_t kvcache_workspace_size(const KvCacheParams& kp) { return make_plan(kp).to
 
 KvCacheRoute kvcache_route(const KvCacheParams& kp) {
   return make_plan(kp).forward ? KvCacheRoute::kHopperForward : KvCacheRoute::kDecode;
+}
+
+int kvcache_ring_stages(const KvCacheParams& kp) {
+  const Plan plan = make_plan(kp);
+  return plan.forward ? 0 : plan.ring.stages;
 }
 
 fa_status forward_kvcache(const KvCacheParams& kp) {
@@ -264,7 +316,8 @@ fa_status forward_kvcache(const KvCacheParams& kp) {
   w.partial_o = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes) : nullptr;
   w.partial_lse = plan.splits > 1 ? reinterpret_cast<float*>(base + plan.q_rotated_bytes + plan.partial_o_bytes) : nullptr;
   w.key_counts = plan.forward ? reinterpret_cast<int32_t*>(base + plan.q_rotated_bytes) : nullptr;
-  const fa_status status = a.dtype == FA_F16 ? run<__half>(kp, w, stream) : run<__nv_bfloat16>(kp, w, stream);
+  const fa_status status = a.dtype == FA_F16 ? run<__half>(kp, w, plan.ring.small, stream)
+                                               : run<__nv_bfloat16>(kp, w, plan.ring.small, stream);
   if (owned != nullptr) cudaFreeAsync(owned, stream);
   return status;
 }

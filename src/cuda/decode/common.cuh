@@ -54,17 +54,11 @@ struct Traits {
   static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of K Q^T
   static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
-  static constexpr int kStages =
-      kRingBytes / kStageBytes < kMinStages
-          ? kMinStages
-          : (kRingBytes / kStageBytes > kMaxStages ? kMaxStages : kRingBytes / kStageBytes);
   static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
   // A thread copies one 16-byte column chunk of rows key0 + n * kRowsPerPass.
   static constexpr int kRowsPerPass = kThreads / kChunks;
   static constexpr int kRowsPerThread = kBlockK / kRowsPerPass;
-  static constexpr int kRingBytesUsed = kStages * kStageBytes;
   static constexpr int kQBytes = kMaxRows * kRowElems * 2;
-  static constexpr int kSmemBytes = kRingBytesUsed + kQBytes;
   // The end-of-CTA merge reuses the drained ring: O of every slice, the
   // slices' (m, l), their merge weights and each row's lse.
   // NOTES: a lane stores its O^T fragments one float at a time: rows 2tq (+1)
@@ -76,7 +70,19 @@ struct Traits {
   static_assert(kMaxRows % 8 == 0, "whole mma n-tiles of packed query rows");
   static_assert(kKeySlices * kColumnParts == kWarps && kColumns % 16 == 0, "warp mapping");
   static_assert(kThreads % kChunks == 0 && kBlockK % kRowsPerPass == 0, "whole rows per pass");
-  static_assert(kScratchFloats * 4 <= kRingBytesUsed, "the slice merge fits the ring");
+};
+
+// The K/V ring of a head-dim bucket within a budget of RingBytes (tuning.h:
+// kRingBytes, or kSmallRingBytes on GPUs whose blocks may not take that ring),
+// and the CTA's shared memory: the ring, then the packed q rows.
+template <int HeadDim, int RingBytes>
+struct Ring {
+  using Tr = Traits<HeadDim>;
+  static constexpr int kFit = RingBytes / Tr::kStageBytes;
+  static constexpr int kStages = kFit < kMinStages ? kMinStages : (kFit > kMaxStages ? kMaxStages : kFit);
+  static constexpr int kBytes = kStages * Tr::kStageBytes;
+  static constexpr int kSmemBytes = kBytes + Tr::kQBytes;
+  static_assert(Tr::kScratchFloats * 4 <= kBytes, "the slice merge fits the ring");
 };
 
 // The CTA's packed rows and key tiles, and its sequence's length (read once).

@@ -122,7 +122,7 @@ __device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const Tile
 // with the combine letting the next decode kernel launch before its own wait:
 // batch 16 x 4k +6.8%, batch 1 x 64k +3.4%, the other shapes -1..+2%.
 template <typename T, int HeadDim, class Source>
-__device__ __forceinline__ void prefetch_before_wait(const KvCacheParams& p, const Work& w) {
+__device__ __forceinline__ void prefetch_before_wait(const KvCacheParams& p, const Work& w, int stages) {
   using Tr = Traits<HeadDim>;
   KvCacheParams guess = p;
   guess.cache_seqlen = p.cache_seqlens != nullptr ? __ldcg(p.cache_seqlens + blockIdx.z) : p.cache_seqlen;
@@ -131,7 +131,7 @@ __device__ __forceinline__ void prefetch_before_wait(const KvCacheParams& p, con
   if (!t.length_ok) return;
   const Source src(guess, w, t);
   const typename Source::Rows rows{};
-  const int last = min(t.tile_end, t.tile_begin + Tr::kStages - 1);
+  const int last = min(t.tile_end, t.tile_begin + stages - 1);
   for (int tile = t.tile_begin; tile < last; ++tile) prefetch_tile<T, HeadDim>(guess, t, src, rows, tile);
 }
 
@@ -476,16 +476,17 @@ __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWo
 // Indices may have changed since the host checked them (graph replays): a
 // sequence whose length or cache row is out of range reads nothing, a page
 // outside the pool is not read; either gives NaN rows.
-template <typename T, int HeadDim, template <int> class Source>
+template <typename T, int HeadDim, int RingBytes, template <int> class Source>
 __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_constant__ KvCacheParams p,
                                                                   const __grid_constant__ Work w) {
   using Tr = Traits<HeadDim>;
   using Src = Source<HeadDim>;
+  constexpr int kStages = Ring<HeadDim, RingBytes>::kStages;
   extern __shared__ __align__(16) uint8_t smem[];
   T* ring = reinterpret_cast<T*>(smem);
-  T* q_s = reinterpret_cast<T*>(smem + Tr::kRingBytesUsed);
+  T* q_s = reinterpret_cast<T*>(smem + Ring<HeadDim, RingBytes>::kBytes);
   if constexpr (Src::kAddressesAhead && griddepcontrol_compiled()) {
-    if (w.early_prefetch) prefetch_before_wait<T, HeadDim, Src>(p, w);
+    if (w.early_prefetch) prefetch_before_wait<T, HeadDim, Src>(p, w, kStages);
   }
   // Launched early behind the kernel before it (api.cu), this CTA uses
   // nothing that kernel may write (q, lengths, pages, cache rows) before its
@@ -506,16 +507,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
   if (tiles > 0) src.fetch(t.tile_begin, rows);
   load_queries<T, HeadDim>(p, w, t, q_s);
   cp_async_commit();
-  for (int s = 0; s < Tr::kStages - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) {
       load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + s, ring + s * kStageElems, policy);
       if (s + 1 < tiles) src.fetch(t.tile_begin + s + 1, rows);
     }
     cp_async_commit();
   }
-  if (Tr::kStages < tiles) src.fetch(t.tile_begin + Tr::kStages, next);
-  if (prefetch && Tr::kStages - 1 < tiles) prefetch_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + Tr::kStages - 1);
-  cp_async_wait<Tr::kStages - 1>();  // q landed
+  if (kStages < tiles) src.fetch(t.tile_begin + kStages, next);
+  if (prefetch && kStages - 1 < tiles) prefetch_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + kStages - 1);
+  cp_async_wait<kStages - 1>();  // q landed
   __syncthreads();
 
   const int warp = threadIdx.x / 32;
@@ -523,11 +524,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
   WarpState<HeadDim> ws;
   init_warp<T, HeadDim>(p.attn, t, q_s, ws);
   for (int it = 0; it < tiles; ++it) {
-    cp_async_wait<Tr::kStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` landed for every thread; the stage read last turn is free
-    const int ahead = it + Tr::kStages - 1;
+    const int ahead = it + kStages - 1;
     if (ahead < tiles) {
-      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead, ring + (ahead % Tr::kStages) * kStageElems,
+      load_tile<T, HeadDim>(p, t, src, rows, t.tile_begin + ahead, ring + (ahead % kStages) * kStageElems,
                             policy);
       if (ahead + 1 < tiles) {
         rows = next;
@@ -536,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
       }
     }
     cp_async_commit();
-    const T* k_s = ring + (it % Tr::kStages) * kStageElems;
+    const T* k_s = ring + (it % kStages) * kStageElems;
     const int key0 = (t.tile_begin + it) * Tr::kBlockK + slice * Tr::kSliceKeys;
     float s[Tr::kRowTiles][4];
     slice_scores<T, HeadDim>(p, t, key0, k_s, ws, s);

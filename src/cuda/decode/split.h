@@ -16,6 +16,7 @@ struct SplitShape {
   int block_keys;   // keys per tile
   int sm_count;
   int forced;       // caller's count, 0 = heuristic
+  int ctas_per_sm = kCtasPerSm;  // decode CTAs an SM holds at once
 };
 
 // The kernel gives each of n splits ceil(tiles / n) tiles, so only
@@ -41,7 +42,7 @@ inline long long split_steps(long long ctas, int n, int tiles, long long slots) 
 }
 
 // NOTES: CTAs without splitting = batch * heads_kv * query_tiles, against
-// kCtasPerSm * sm_count resident slots. Each split adds one partial (O, lse)
+// ctas_per_sm * sm_count resident slots. Each split adds one partial (O, lse)
 // per packed row and a combine pass, and a split shorter than
 // kMinTilesPerSplit tiles spends more on its start than on its keys. A call
 // takes about split_steps tile steps; among the allowed tight counts the
@@ -55,7 +56,7 @@ inline int choose_splits(const SplitShape& s) {
   const int most = std::max(1, std::min(kMaxSplits, tiles));
   if (s.forced > 0) return std::min(s.forced, most);
   const long long ctas = 1LL * s.batch * s.heads_kv * s.query_tiles;
-  const long long slots = 1LL * kCtasPerSm * std::max(1, s.sm_count);
+  const long long slots = 1LL * std::max(1, s.ctas_per_sm) * std::max(1, s.sm_count);
   if (ctas <= 0 || ctas >= slots) return 1;
   const int limit = std::max(1, std::min(most, tiles / kMinTilesPerSplit));
   long long best = split_steps(ctas, 1, tiles, slots);

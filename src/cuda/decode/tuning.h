@@ -14,6 +14,13 @@ constexpr int kMaxRows = 16;
 // the 228 KiB of an H100 SM: ~136 KiB in flight per SM, several times what
 // HBM latency (~1 us) x per-SM bandwidth (3 TB/s / 132 = 23 GB/s) asks for.
 constexpr int kRingBytes = 102 * 1024;
+// The ring on GPUs whose blocks may not take kRingBytes' ring (sm_86 / sm_89:
+// RTX 30 / 40, A10, L4, L40 allow ~99 KiB a block and 100 KiB an SM): two
+// 34 KiB stages at head dims 128 and 256, three 18 KiB ones at 64, so a CTA
+// (ring + q) stays under 80 KiB. Reasoned, not measured (no such GPU here):
+// one such CTA per SM keeps 34-36 KiB in flight, several times those GPUs'
+// latency x per-SM bandwidth (an L40: ~1 us x 864 GB/s / 142 SMs ~ 6 KiB).
+constexpr int kSmallRingBytes = 68 * 1024;
 // Pipeline depth bounds: at least double buffering; at most five stages, what
 // head dim 64's 18 KiB stages fill the ring with (the other buckets' 34 KiB
 // stages fit three). Measured on the H100 (docs/performance.md 3.6): five
@@ -22,7 +29,8 @@ constexpr int kRingBytes = 102 * 1024;
 constexpr int kMinStages = 2;
 constexpr int kMaxStages = 5;
 // The split heuristic aims at this many CTAs per SM, so memory latency is hidden
-// by a second resident CTA.
+// by a second resident CTA (fewer where an SM's shared memory holds fewer
+// rings: api.cu counts them per device).
 constexpr int kCtasPerSm = 2;
 // A split reads at least this many key tiles: fewer makes the combine's extra
 // traffic (one partial O per split) and the split's start (Q load, pipeline
