@@ -15,11 +15,13 @@ constexpr int kMaxRows = 16;
 // HBM latency (~1 us) x per-SM bandwidth (3 TB/s / 132 = 23 GB/s) asks for.
 constexpr int kRingBytes = 102 * 1024;
 // The ring on GPUs whose blocks may not take kRingBytes' ring (sm_86 / sm_89:
-// RTX 30 / 40, A10, L4, L40 allow ~99 KiB a block and 100 KiB an SM): two
-// 34 KiB stages at head dims 128 and 256, three 18 KiB ones at 64, so a CTA
-// (ring + q) stays under 80 KiB. Reasoned, not measured (no such GPU here):
-// one such CTA per SM keeps 34-36 KiB in flight, several times those GPUs'
-// latency x per-SM bandwidth (an L40: ~1 us x 864 GB/s / 142 SMs ~ 6 KiB).
+// RTX 30 / 40, A10, L4, L40 allow ~99 KiB a block and 100 KiB an SM) or whose
+// SMs hold two CTAs of this one but one of that (the A100's 164 KiB; api.cu's
+// ring_fit): two 34 KiB stages at head dims 128 and 256, three 18 KiB ones at
+// 64, so a CTA (ring + q) stays under 80 KiB. Reasoned, not measured (no such
+// GPU here): one stage in flight per CTA is several times those GPUs' latency
+// x per-SM bandwidth (an L40: ~1 us x 864 GB/s / 142 SMs ~ 6 KiB; an A100:
+// ~1 us x 2 TB/s / 108 SMs ~ 19 KiB).
 constexpr int kSmallRingBytes = 68 * 1024;
 // Pipeline depth bounds: at least double buffering; at most five stages, what
 // head dim 64's 18 KiB stages fill the ring with (the other buckets' 34 KiB
