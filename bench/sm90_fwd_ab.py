@@ -7,7 +7,9 @@ the same GPU state: for every shape the variants and torch SDPA's FA2 / cuDNN
 run in turn, `--rounds` times (the order varies by round: timing_order.py), and the table gives
 each one's median. `--backward` times each build's backward alone (out and lse from its own
 forward; TFLOP/s counted as 2.5x the forward's FLOPs) and the anchors' as time(forward +
-backward) - time(forward), the protocol's rule. List an A/A copy of the baseline (the same file under a second name) to see
+backward) - time(forward), the protocol's rule; beside it, what a training step pays: each
+build's forward + backward (its forward timed too, in the same rounds) against cuDNN's, as a
+ratio of times. List an A/A copy of the baseline (the same file under a second name) to see
 the run's own spread. Shapes and FLOPs as bench/bench_attention.py (16k tokens, hidden 2048, bf16).
 
   PYTHONPATH=python python3 bench/sm90_fwd_ab.py main=a/libflashattn.so new=b/libflashattn.so \\
@@ -72,7 +74,9 @@ def main():
           f"{torch.backends.cudnn.version()}; commits: " +
           ", ".join(f"{n}={bind[n].build_commit()}" for n, _ in libs), flush=True)
     cols = (["hdim", "mask", "seqlen x batch"] + names + [f"{n}/{first}" for n, _ in libs[1:]] +
-            ([] if args.no_anchors else [f"{n}/cuDNN" for n, _ in libs]) + [f"max diff vs {first}"])
+            ([] if args.no_anchors else [f"{n}/cuDNN" for n, _ in libs]) +
+            ([f"{n} fwd+bwd / cuDNN's" for n, _ in libs] if args.backward and not args.no_anchors else []) +
+            [f"max diff vs {first}"])
     hdr = "| " + " | ".join(cols) + " |"
     print(hdr + "\n|" + "---|" * (hdr.count("|") - 1), flush=True)
     for d in (int(x) for x in args.hdims.split(",")):
@@ -94,7 +98,7 @@ def main():
                                  sinks=sinks if n in args.sinks_for.split(",") else None)
                          for n, _ in libs}
                 lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-                fns = {}
+                fns, fwd_fns = {}, {}
                 if args.backward:
                     dout = torch.randn_like(q)
                     grads = {}
@@ -109,6 +113,8 @@ def main():
                             else extra[n]
                         fns[n] = (lambda m=bind[n], o=o, l=l, gr=gr, x=xb:
                                   m.backward(q, k, v, o, dout, l, *gr, causal=causal, **x))
+                        fwd_fns[n] = (lambda m=bind[n], o=o, l=l, x=extra[n]:
+                                      m.forward(q, k, v, o, l, causal=causal, **x))
                     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
                     for n, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                         def fwd_bwd(be=be):
@@ -129,14 +135,19 @@ def main():
                                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                         fns[n] = sdpa
                 times = {n: [] for n in names}
+                step = {n: [] for n in names}  # forward + backward (--backward)
                 for r in range(args.rounds):
                     for n in round_order(names, r):
                         timing = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=args.rep,
                                                                     return_mode="median")
                         if isinstance(fns[n], tuple):  # an anchor's backward: fwd+bwd - fwd
-                            times[n].append(timing(fns[n][0]) - timing(fns[n][1]))
+                            both = timing(fns[n][0])
+                            times[n].append(both - timing(fns[n][1]))
+                            step[n].append(both)
                         else:
                             times[n].append(timing(fns[n]))
+                            if n in fwd_fns:
+                                step[n].append(times[n][-1] + timing(fwd_fns[n]))
                 f = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if args.backward else 1.0)
                 tf = {n: f / (statistics.median(times[n]) * 1e-3) / 1e12 for n in names}
                 diff = max((outs[n].float() - outs[first].float()).abs().max().item() for n, _ in libs)
@@ -144,6 +155,9 @@ def main():
                 cells += [f"{tf[n] / tf[first]:.3f}" for n, _ in libs[1:]]
                 if not args.no_anchors:
                     cells += [f"{tf[n] / tf['cudnn']:.2f}" for n, _ in libs]
+                    if args.backward:
+                        cudnn_step = statistics.median(step["cudnn"])
+                        cells += [f"{cudnn_step / statistics.median(step[n]):.2f}" for n, _ in libs]
                 print(f"| {d} | {mask} | {s}x{b} | " + " | ".join(cells) + f" | {diff:.1e} |", flush=True)
                 del fns, outs, q, k, v
                 torch.cuda.empty_cache()
