@@ -193,10 +193,11 @@ int ring_stages_of(DeviceKv& d) {
   return cuda::kvcache_ring_stages(kp);
 }
 
-// The smaller ring that GPUs whose blocks may not take the default one run
-// (sm_86 / sm_89: kSmallRingBytes, src/cuda/decode/tuning.h), forced on this
-// GPU: every case of both suites, with the heuristic's and 3 splits, against
-// the float64 reference; each decode call's stage count is checked to drop.
+// The smaller ring (kSmallRingBytes, src/cuda/decode/tuning.h) that GPUs whose
+// blocks may not take the default one (sm_86 / sm_89) and the A100 run, forced
+// on this GPU: every case of both suites, with the heuristic's and 3 splits,
+// against the float64 reference; on sm_90, whose default is the big ring, each
+// decode call's stage count is checked to drop.
 TEST(CudaKvCacheSmallRing, MatchesFloat64Reference) {
   FA_REQUIRE_GPU();
   constexpr const char* kSwitch = "FLASHATTN_DECODE_SMALL_RING";
@@ -211,7 +212,11 @@ TEST(CudaKvCacheSmallRing, MatchesFloat64Reference) {
     const int small = ring_stages_of(d);
     if (stages > 0) {
       EXPECT_GE(small, 2);
-      EXPECT_LT(small, stages);
+      if (device_is_sm90()) {
+        EXPECT_LT(small, stages);
+      } else {
+        EXPECT_LE(small, stages);
+      }
     }
     for (int splits : {0, 3}) {
       c.num_splits = splits;

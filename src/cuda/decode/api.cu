@@ -230,22 +230,22 @@ fa_status launch(void (*kernel)(KvCacheParams, decode::Work), dim3 grid, int sme
 // kernel before it finishes, if that kernel allows dependents early (ours do).
 template <typename T, int HeadDim, int RingBytes, template <int> class Source>
 fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
-  using Tr = decode::Ring<HeadDim, RingBytes>;
+  constexpr int kSmem = decode::Ring<HeadDim, RingBytes>::kSmemBytes;
   auto kernel = decode::decode_kernel<T, HeadDim, RingBytes, Source>;
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
-  if (optin < Tr::kSmemBytes) {
+  if (optin < kSmem) {
     return fail(FA_ERROR_UNSUPPORTED, "the decode kernel for head dim " + std::to_string(kp.attn.head_dim) +
-                                          " needs " + std::to_string(Tr::kSmemBytes) +
+                                          " needs " + std::to_string(kSmem) +
                                           " bytes of shared memory per block; this GPU allows " +
                                           std::to_string(optin));
   }
   // Opting in above 48 KiB of dynamic shared memory is a per-function attribute; it is cheap.
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes) != cudaSuccess) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
     return launch_error("decode kernel shared memory");
   }
   const dim3 grid(w.splits * w.query_tiles, kp.attn.heads_kv, kp.attn.batch);
-  FA_RETURN_IF_ERROR(launch(kernel, grid, Tr::kSmemBytes, true, kp, w, stream, "decode kernel"));
+  FA_RETURN_IF_ERROR(launch(kernel, grid, kSmem, true, kp, w, stream, "decode kernel"));
   if (w.splits == 1) return FA_OK;
   const int64_t rows = int64_t{kp.attn.batch} * kp.attn.heads_q * kp.attn.seqlen_q;
   return launch(decode::combine_kernel<T, HeadDim>, dim3(static_cast<unsigned>(rows)), 0, true, kp, w, stream,
