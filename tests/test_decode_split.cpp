@@ -54,6 +54,30 @@ TEST(DecodeSplits, SlotsFollowTheCtasAnSmHolds) {
   EXPECT_EQ(choose_splits(one), 1);
 }
 
+TEST(DecodeSplits, TheRingFollowsTheDevicesSharedMemory) {
+  // d128's CTAs (common.cuh's Ring): three or two 34 KiB stages (2 x 64 keys x 136
+  // elements x 2 bytes) and 16 packed q rows of 136 elements.
+  constexpr int kStage = 2 * 64 * 136 * 2, kQ = 16 * 136 * 2;
+  constexpr int kBig = 3 * kStage + kQ, kSmall = 2 * kStage + kQ;
+  // H100: 227 KiB a block, 228 KiB an SM: two of either, so the big ring.
+  RingChoice c = choose_ring(232448, 233472, 1024, kBig, kSmall, false);
+  EXPECT_FALSE(c.small);
+  EXPECT_EQ(c.ctas_per_sm, 2);
+  // A100: 163 KiB a block, 164 KiB an SM: one big-ring CTA, two small-ring ones.
+  c = choose_ring(166912, 167936, 1024, kBig, kSmall, false);
+  EXPECT_TRUE(c.small);
+  EXPECT_EQ(c.ctas_per_sm, 2);
+  // sm_86 / sm_89: 99 KiB a block, 100 KiB an SM: the big ring does not fit a block.
+  c = choose_ring(101376, 102400, 1024, kBig, kSmall, false);
+  EXPECT_TRUE(c.small);
+  EXPECT_EQ(c.ctas_per_sm, 1);
+  // The test switch, on an H100.
+  c = choose_ring(232448, 233472, 1024, kBig, kSmall, true);
+  EXPECT_TRUE(c.small);
+  EXPECT_EQ(c.ctas_per_sm, 2);
+  EXPECT_EQ(ctas_per_sm(0, 1024, kBig), 1);  // an attribute the driver did not give
+}
+
 TEST(DecodeSplits, StepsCountWavesTimesTheLongestSplit) {
   EXPECT_EQ(split_steps(8, 32, 1024, 264), 32);   // 256 CTAs: one wave of 32 tiles
   EXPECT_EQ(split_steps(8, 31, 1024, 264), 34);   // one wave, splits of ceil(1024 / 31)

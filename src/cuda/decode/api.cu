@@ -94,18 +94,10 @@ int device_attribute(cudaDeviceAttr what, int device_index) {
   return v;
 }
 
-// The decode kernel's ring on this device, and how many of its CTAs an SM holds
-// (the split heuristic's slots per SM).
-// NOTES: kRingBytes' ring where a block may take it and an SM holds as many of
-// its CTAs (up to kCtasPerSm) as of the smaller ring's: the H100 (two either
-// way). Else kSmallRingBytes' ring (tuning.h): GPUs with ~99 KiB a block
-// (sm_86 / sm_89), where the big ring does not launch, and the A100, whose 164
-// KiB an SM hold one big-ring CTA but two small-ring ones. Reasoned for the
-// A100 (not measured there): on the H100 the small ring at two CTAs an SM read
-// 0.94-1.02x the big one at d128 (docs/inference.md), and a second CTA hides
-// one CTA's merge and math behind the other's copies.
-// FLASHATTN_DECODE_SMALL_RING=1 forces the small ring so that this path is
-// tested on any GPU (no tuning knob).
+// The decode kernel's ring on this device (split.h's choose_ring on the
+// device's shared-memory figures) and how many of its CTAs an SM holds.
+// FLASHATTN_DECODE_SMALL_RING=1 forces the small ring so that the path of the
+// GPUs that take it is tested on any GPU (no tuning knob).
 struct RingFit {
   bool small = false;
   int stages = 0;
@@ -115,16 +107,12 @@ template <int HeadDim>
 RingFit ring_fit(int device_index) {
   using Big = decode::Ring<HeadDim, decode::kRingBytes>;
   using Small = decode::Ring<HeadDim, decode::kSmallRingBytes>;
-  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index);
-  const int per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_index);
-  const int reserved = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, device_index);
-  const auto ctas = [&](int smem) { return std::clamp(per_sm / (smem + reserved), 1, decode::kCtasPerSm); };
-  RingFit f;
-  f.small = env_switch("FLASHATTN_DECODE_SMALL_RING") || optin < Big::kSmemBytes ||
-            ctas(Big::kSmemBytes) < ctas(Small::kSmemBytes);
-  f.stages = f.small ? Small::kStages : Big::kStages;
-  f.ctas_per_sm = ctas(f.small ? Small::kSmemBytes : Big::kSmemBytes);
-  return f;
+  const decode::RingChoice c = decode::choose_ring(
+      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index),
+      device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_index),
+      device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, device_index), Big::kSmemBytes, Small::kSmemBytes,
+      env_switch("FLASHATTN_DECODE_SMALL_RING"));
+  return {c.small, c.small ? Small::kStages : Big::kStages, c.ctas_per_sm};
 }
 RingFit ring_fit_of(int head_dim, int device_index) {
   switch (head_dim_bucket(head_dim)) {

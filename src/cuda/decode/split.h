@@ -19,6 +19,34 @@ struct SplitShape {
   int ctas_per_sm = kCtasPerSm;  // decode CTAs an SM holds at once
 };
 
+// CTAs of `cta_smem` bytes an SM holds at once (up to kCtasPerSm, at least one).
+inline int ctas_per_sm(int smem_per_sm, int reserved_per_cta, int cta_smem) {
+  return std::clamp(smem_per_sm / std::max(1, cta_smem + reserved_per_cta), 1, kCtasPerSm);
+}
+
+// Which of the decode kernel's two rings a device runs (tuning.h: kRingBytes,
+// kSmallRingBytes; api.cu reads the device's figures), and how many of its
+// CTAs an SM holds (the split heuristic's ctas_per_sm).
+// NOTES: the big ring where a block may take it and an SM holds as many of its
+// CTAs as of the small ring's: the H100 (two either way). Else the small ring:
+// GPUs with ~99 KiB a block (sm_86 / sm_89), where the big ring does not
+// launch, and the A100, whose 164 KiB an SM hold one big-ring CTA but two
+// small-ring ones. Reasoned for the A100 (not measured there): on the H100
+// the small ring at two CTAs an SM read 0.94-1.02x the big one at d128
+// (docs/inference.md), and a second CTA hides one CTA's merge and math behind
+// the other's copies.
+struct RingChoice {
+  bool small;
+  int ctas_per_sm;
+};
+inline RingChoice choose_ring(int smem_optin, int smem_per_sm, int reserved_per_cta, int big_cta_smem,
+                              int small_cta_smem, bool force_small) {
+  const bool small = force_small || smem_optin < big_cta_smem ||
+                     ctas_per_sm(smem_per_sm, reserved_per_cta, big_cta_smem) <
+                         ctas_per_sm(smem_per_sm, reserved_per_cta, small_cta_smem);
+  return {small, ctas_per_sm(smem_per_sm, reserved_per_cta, small ? small_cta_smem : big_cta_smem)};
+}
+
 // The kernel gives each of n splits ceil(tiles / n) tiles, so only
 // ceil(tiles / ceil(tiles / n)) of them get any: n is tight when that is n
 // (31 splits of 64 tiles would leave 9 CTAs of each sequence and head idle).

@@ -16,8 +16,8 @@ constexpr int kMaxRows = 16;
 constexpr int kRingBytes = 102 * 1024;
 // The ring on GPUs whose blocks may not take kRingBytes' ring (sm_86 / sm_89:
 // RTX 30 / 40, A10, L4, L40 allow ~99 KiB a block and 100 KiB an SM) or whose
-// SMs hold two CTAs of this one but one of that (the A100's 164 KiB; api.cu's
-// ring_fit): two 34 KiB stages at head dims 128 and 256, three 18 KiB ones at
+// SMs hold two CTAs of this one but one of that (the A100's 164 KiB; split.h's
+// choose_ring): two 34 KiB stages at head dims 128 and 256, three 18 KiB ones at
 // 64, so a CTA (ring + q) stays under 80 KiB. Reasoned, not measured (no such
 // GPU here): one stage in flight per CTA is several times those GPUs' latency
 // x per-SM bandwidth (an L40: ~1 us x 864 GB/s / 142 SMs ~ 6 KiB; an A100:
