@@ -33,13 +33,11 @@ int power_of_two_shift(int n) {
   return shift;
 }
 
-int sm_count(int device_index) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  return n;
+// A device attribute, 0 if the query fails (choose_splits and choose_ring take 0 as the least).
+int device_attribute(cudaDeviceAttr what, int device_index) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, what, device_index) != cudaSuccess) cudaGetLastError();
+  return v;
 }
 
 // The Hopper forward's params for a KV-cache call (the route below): q or
@@ -86,12 +84,6 @@ bool takes_forward_route(const KvCacheParams& kp) {
   if (kp.is_paged() && (kp.cache_rows > INT32_MAX || !sm90::pages_fit(a.head_dim, kp.block_size))) return false;
   decode::Work probe{};
   return sm90::can_run_forward(forward_params(kp, probe));
-}
-
-int device_attribute(cudaDeviceAttr what, int device_index) {
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, what, device_index) != cudaSuccess) cudaGetLastError();
-  return v;
 }
 
 // The decode kernel's ring on this device (split.h's choose_ring on the
@@ -152,8 +144,9 @@ Plan make_plan(const KvCacheParams& kp) {
   }
   const int block_keys = decode::block_keys(head_dim_bucket(a.head_dim));
   plan.ring = ring_fit_of(a.head_dim, a.device_index);
-  plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity, block_keys,
-                                       sm_count(a.device_index), kp.num_splits, plan.ring.ctas_per_sm});
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, a.device_index);
+  plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity, block_keys, sms,
+                                       kp.num_splits, plan.ring.ctas_per_sm});
   plan.l2_prefetch = !kp.is_paged() && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
                                            decode::kPrefetchMaxSplitTiles;
   // The prefetch before the grid wait computes rows without a lookup (no
@@ -220,8 +213,7 @@ template <typename T, int HeadDim, int RingBytes, template <int> class Source>
 fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   constexpr int kSmem = decode::Ring<HeadDim, RingBytes>::kSmemBytes;
   auto kernel = decode::decode_kernel<T, HeadDim, RingBytes, Source>;
-  int optin = 0;
-  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, kp.attn.device_index);
   if (optin < kSmem) {
     return fail(FA_ERROR_UNSUPPORTED, "the decode kernel for head dim " + std::to_string(kp.attn.head_dim) +
                                           " needs " + std::to_string(kSmem) +

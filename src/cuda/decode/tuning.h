@@ -19,9 +19,10 @@ constexpr int kRingBytes = 102 * 1024;
 // SMs hold two CTAs of this one but one of that (the A100's 164 KiB; split.h's
 // choose_ring): two 34 KiB stages at head dims 128 and 256, three 18 KiB ones at
 // 64, so a CTA (ring + q) stays under 80 KiB. Reasoned, not measured (no such
-// GPU here): one stage in flight per CTA is several times those GPUs' latency
-// x per-SM bandwidth (an L40: ~1 us x 864 GB/s / 142 SMs ~ 6 KiB; an A100:
-// ~1 us x 2 TB/s / 108 SMs ~ 19 KiB).
+// GPU here): those GPUs read less per SM than the H100, so one stage in flight
+// per CTA covers their memory latency if it covers the H100's; on the H100
+// this ring at two CTAs an SM read 0.94-1.02x the big one at d128
+// (docs/inference.md).
 constexpr int kSmallRingBytes = 68 * 1024;
 // Pipeline depth bounds: at least double buffering; at most five stages, what
 // head dim 64's 18 KiB stages fill the ring with (the other buckets' 34 KiB
