@@ -1,13 +1,13 @@
 // Block-sparse masks (fa_block_mask) on the CUDA backend: the forward on the
 // Hopper kernel where the device has one (sm90/fwd/scheduler.cuh, ListedKeys)
 // and on the sm80 kernel (FLASHATTN_DISABLE_SM90); the backward on the Hopper
-// kernel where every listed tile is whole on its tiles (fixed lengths:
-// sm90/bwd/scheduler.cuh, ListedQueryWalk), else on sm80's:
+// kernel for fixed lengths (sm90/bwd/scheduler.cuh, ListedQueryWalk; tiles
+// listed in part tested per pair), else (varlen) on sm80's:
 // block_sparse_suite (densities 0, 0.1, 0.5, 1; blocks of 128 x 128 and sizes
 // dividing no length; causal, window + softcap, GQA with shared lists, ALiBi +
 // sinks, varlen with empty sequences, dropout, sizes 1 / 7 / 113 / 203, every
 // head dim) and dropout at every head dim (blocks of 16 x 32: the Hopper
-// forward, the sm80 backward; tests/gpu/test_sm90_dropout.cpp has the Hopper backward)
+// forward and backward; tests/gpu/test_sm90_dropout.cpp calls them directly)
 // against the float64 reference, forward (both kernels) and backward; shapes
 // of several query and key tiles on the Hopper forward (tiles listed whole,
 // in part and not at all); the Hopper forward at density 1 bitwise equal to
@@ -112,18 +112,20 @@ INSTANTIATE_TEST_SUITE_P(Suite, CudaBlockSparse, ::testing::ValuesIn(cuda_block_
 
 // Shapes of several 128-row query tiles and key tiles (the Hopper forward's
 // tiles: 128 keys at d 64 / 128, 112 at d 192, 80 at d 256): blocks of one
-// tile (128 x 128), of tiles cut in part (64 x 96) and of several tiles
-// (256 x 160), so listed tiles are full, partial or skipped, query tiles may
+// tile (128 x 128), of tiles cut in part (64 x 96; 32 x 16, whose key blocks
+// divide every key tile; 48 x 5, below the forward's kFastBlockKeys: the three
+// forms of listed_key_bits) and of several tiles (256 x 160), so listed tiles are full,
+// partial or skipped, query tiles may
 // list no key tile at all (density 0.1), and a CTA's next tile starts inside
 // the last turn of the one before; causal, GQA with per-head lists, fp16.
-// The backward of the 128 x 128 cases runs the Hopper kernel (its tiles are
-// 64-128 queries x 64-128 keys), the others the sm80 one.
+// The backward runs the Hopper kernel (its tiles are 64-128 queries x 64-128
+// keys: whole at 128 x 128, tested per pair in the other shapes).
 std::vector<Case> hopper_walk_cases() {
   std::vector<Case> cases;
   uint64_t seed = 6600;
   for (const int d : {64, 128, 192, 256}) {
     for (const double density : {0.1, 0.5}) {
-      for (const auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {64, 96}, {256, 160}}) {
+      for (const auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {64, 96}, {256, 160}, {32, 16}, {48, 5}}) {
         Case c = make_case(FA_BF16, 1023, 1400, d, seed++);
         c.block_q = bq;
         c.block_k = bk;

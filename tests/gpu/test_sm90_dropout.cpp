@@ -49,7 +49,8 @@ namespace {
   const ForwardArgs args{&d.q.desc, &d.k.desc, &d.v.desc, &dout.desc, &dlse.desc, d.varlen_ptr(), &o};
   if (make_forward_params(args, &params) != FA_OK || apply_extras(&fx, d.q.desc, Pass::kForward, &params) != FA_OK)
     return ::testing::AssertionFailure() << "params: " << fa_last_error();
-  if (!params.has_dropout()) return ::testing::AssertionFailure() << "the case has no dropout";
+  if (params.has_dropout() != (p.c.dropout_p > 0.0f))
+    return ::testing::AssertionFailure() << "the params' dropout is not the case's";
   if (!cuda::sm90::supports_forward(params)) return ::testing::AssertionFailure() << "sm90::supports_forward said no";
   params.max_ctas = max_ctas;
   if (auto done = call_completed(cuda::sm90::run_forward(params)); !done) return done;
@@ -205,42 +206,45 @@ TEST(Sm90DropoutDeterminism, BackwardIsBitwiseStable) {
   }
 }
 
-// A block mask with dropout on the Hopper kernels (block_sparse_forward_kernel /
-// block_sparse_backward_kernel's PhiloxDropout instantiations), called
-// directly, against the reference with the same keep bits and the same lists:
-// 128 x 128 blocks (whole on every backward tile; GQA with per-head lists at
-// d 128) forward and backward, the deterministic backward twice bitwise the
-// same; blocks of 64 x 96 (listed tiles in part) forward only, the backward
-// taking them on the sm80 kernel. No causal mask or window: a row could then
-// see a single key, which dropout's tolerance has no room for.
+// A block mask on the Hopper kernels (block_sparse_forward_kernel /
+// block_sparse_backward_kernel, plain and PhiloxDropout instantiations),
+// called directly, against the reference with the same keep bits and the
+// same lists: 128 x 128 blocks (whole on every tile; GQA with per-head lists
+// at d 128), 64 x 96 and 16 x 32 (tiles listed in part: the backward's
+// per-pair test, zero_unlisted), forward and backward, the deterministic
+// backward twice bitwise the same. Without dropout also causal (the element
+// mask and the per-pair test on one tile); with it no causal mask or window:
+// a row could then see a single key, which dropout's tolerance has no room for.
 TEST(Sm90DropoutBlockMask, MatchesFloat64Reference) {
   FA_REQUIRE_SM90();
   uint64_t seed = 5800;
   for (const int d : {64, 128, 192, 256}) {
-    for (const auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {64, 96}}) {
-      Case c = make_case(d == 192 ? FA_F16 : FA_BF16, 384, 512, d, seed++);
-      c.block_q = bq;
-      c.block_k = bk;
-      c.block_density = 0.5;
-      c.dropout_p = 0.17f;
-      c.dropout_offset = (uint64_t{3} << 32) + 5;
-      if (d == 128) {
-        c.heads_q = 4;
-        c.heads_kv = 2;
+    for (const auto [bq, bk] : std::vector<std::pair<int, int>>{{128, 128}, {64, 96}, {16, 32}}) {
+      for (const float dropout : {0.17f, 0.0f}) {
+        Case c = make_case(d == 192 ? FA_F16 : FA_BF16, 384, 512, d, seed++);
+        c.block_q = bq;
+        c.block_k = bk;
+        c.block_density = 0.5;
+        c.dropout_p = dropout;
+        c.dropout_offset = (uint64_t{3} << 32) + 5;
+        c.causal = dropout == 0.0f && bq != 128;
+        if (d == 128) {
+          c.heads_q = 4;
+          c.heads_kv = 2;
+        }
+        SCOPED_TRACE(c.name());
+        const Problem p = make_problem(c);
+        VariantRun f;
+        ASSERT_TRUE(run_sm90(p, f));
+        expect_forward_matches_reference(p, ForwardRun{f.out, f.lse});
+        Grads a, b;
+        ASSERT_TRUE(run_sm90_backward(p, false, &a));
+        expect_matches_reference(p, a);
+        ASSERT_TRUE(run_sm90_backward(p, true, &a));
+        ASSERT_TRUE(run_sm90_backward(p, true, &b));
+        EXPECT_EQ(a.bytes(), b.bytes());
+        expect_matches_reference(p, a);
       }
-      SCOPED_TRACE(c.name());
-      const Problem p = make_problem(c);
-      VariantRun f;
-      ASSERT_TRUE(run_sm90(p, f));
-      expect_forward_matches_reference(p, ForwardRun{f.out, f.lse});
-      if (bq != 128) continue;
-      Grads a, b;
-      ASSERT_TRUE(run_sm90_backward(p, false, &a));
-      expect_matches_reference(p, a);
-      ASSERT_TRUE(run_sm90_backward(p, true, &a));
-      ASSERT_TRUE(run_sm90_backward(p, true, &b));
-      EXPECT_EQ(a.bytes(), b.bytes());
-      expect_matches_reference(p, a);
     }
   }
 }

@@ -75,9 +75,8 @@ struct ListedBlocks {
 // tiles (tile_m x tile_n) with their full flags, and the per-block bits for
 // the tiles listed in part.
 // NOTES: the bits exist only where some visited tile is partial
-// (block_tiles.cu's build_image); a full tile never reads them. The Hopper
-// backward's lists (kGroupSteps) have no bits: every tile it visits inside
-// the element mask is full; callers test the element mask first.
+// (block_tiles.cu's build_image); a full tile never reads them. Callers test
+// the element mask first.
 struct ListedPairs {
   TileList key_tiles;
   ListedBlocks blocks;
@@ -93,10 +92,14 @@ struct ListedPairs {
 };
 
 // A step of the Hopper backward's walk (BlockTiles::steps): query tile
-// (entry & kStepTileMask) of query head entry >> kStepHeadShift (below
-// kFullTile's bit: heads_q < 2^10, query tiles < 2^20).
+// (entry & kStepTileMask) of query head (entry >> kStepHeadShift) &
+// kStepHeadMask (heads_q < 2^10, query tiles < 2^20), with kStepPartial set
+// when the block mask lists only some of the tile's pairs (the kernel then
+// tests each pair against ListedBlocks).
 inline constexpr int kStepHeadShift = 20;
 inline constexpr int32_t kStepTileMask = (int32_t{1} << kStepHeadShift) - 1;
+inline constexpr int32_t kStepPartial = int32_t{1} << 30;
+inline constexpr int32_t kStepHeadMask = (kStepPartial >> kStepHeadShift) - 1;
 
 // A persistent kernel's tile schedule (the Hopper forward's): step s of CTA c
 // takes tile tiles[s * grid + c] (bh * q_tiles + query tile), or none (-1).
@@ -113,6 +116,7 @@ struct BlockTiles {
   ListedBlocks blocks;
   TileSchedule schedule;  // built for a persistent launch only (BlockTileBuffer::build's grid)
   TileList steps;         // kGroupSteps: per (sequence, kv head, key tile) its (query head, query tile) steps
+                          // (kStepPartial: listed in part; then `blocks` holds the bits)
   // kGroupSteps, per entry of steps: wait_dq_turn's n_tile for the step's
   // (query head, query tile) in deterministic mode: the next-higher key tile
   // that lists it, less one (k_tiles - 1 when none).

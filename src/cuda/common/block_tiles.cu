@@ -149,8 +149,8 @@ int32_t turn_before(const HostTileLists& lists, int64_t row, int q, int n, int q
 // key tile n) as steps h << kStepHeadShift | m, query heads h of the group in
 // turn, each head's query tiles ascending inside [query_begin, query_end) of
 // the element mask (as the kernel's own range), each with its turn_before in
-// `turns`; false when one is not full.
-bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, int k_tiles,
+// `turns`, flagged kStepPartial where the tile is listed in part.
+void group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, int k_tiles,
                  HostTileList& out, std::vector<int32_t>& turns) {
   const BlockMaskView& m = p.block_mask;
   const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
@@ -167,8 +167,8 @@ bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_
           for (int32_t e = lists.query_start[r]; e < lists.query_start[r + 1]; ++e) {
             const int32_t q = TileList::index(lists.query_entries[e]);
             if (q < m_begin || q >= m_end) continue;
-            if (!TileList::full(lists.query_entries[e])) return false;
-            out.entries.push_back((hk * group + g) << kStepHeadShift | q);
+            const int32_t partial = TileList::full(lists.query_entries[e]) ? 0 : kStepPartial;
+            out.entries.push_back((hk * group + g) << kStepHeadShift | q | partial);
             turns.push_back(turn_before(lists, BlockTiles::list_row(m, b, hk * group + g), q, n, q_tiles, k_tiles));
           }
         }
@@ -176,7 +176,6 @@ bool group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_
       }
     }
   }
-  return true;
 }
 
 bool has_partial_tile(const std::vector<int32_t>& entries) {
@@ -327,18 +326,16 @@ struct Layout {
   bool backward = false, bits = false, group_steps = false;
 };
 
-// kGroupSteps' part of the image (fixed-length calls; every step full).
+// kGroupSteps' part of the image (fixed-length calls).
 fa_status append_group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, Image& img,
                              Layout& at) {
   if (p.is_varlen()) return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps of a varlen call");
-  if (p.heads_q > kFullTile >> kStepHeadShift || tiles_of(p.seqlen_q, tile_m) > kStepTileMask) {
+  if (p.heads_q > kStepHeadMask + 1 || tiles_of(p.seqlen_q, tile_m) > kStepTileMask) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps past their bit fields");
   }
   HostTileList steps;
   std::vector<int32_t> turns;
-  if (!group_steps(p, lists, tile_m, tile_n, at.k_tiles, steps, turns)) {
-    return fail(FA_ERROR_UNSUPPORTED, "block_mask: a visited tile not full on the kernel's tiles");
-  }
+  group_steps(p, lists, tile_m, tile_n, at.k_tiles, steps, turns);
   if (steps.entries.size() > static_cast<size_t>(INT32_MAX)) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: more than 2^31 steps in one call");
   }
@@ -357,7 +354,7 @@ fa_status build_image(const AttentionParams& p, int tile_m, int tile_n, BlockWal
   FA_RETURN_IF_ERROR(build_tile_lists(p, tile_m, tile_n, walk, &lists));
   const int words = static_cast<int>((m.k_blocks + 31) / 32);
   std::vector<uint32_t> bits;
-  if (walk != BlockWalk::kGroupSteps && has_partial_tile(lists.key_entries)) {
+  if (has_partial_tile(lists.key_entries)) {
     if (rows * m.q_blocks * words * 4 > kMaxBitTableBytes) {
       return fail(FA_ERROR_UNSUPPORTED, "block_mask: blocks of " + std::to_string(m.block_q) + " x " +
                                             std::to_string(m.block_k) + " over these lengths need a " +

@@ -59,8 +59,8 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   cudaError_t err = cudaSuccess;
   if (p.has_block_mask()) {
-    // The steps of the block mask on this kernel's tiles (UNSUPPORTED where
-    // one is not full: the sm80 kernel takes the call; api.cu).
+    // The steps of the block mask on this kernel's tiles (UNSUPPORTED past
+    // their bit fields or 2^31 steps: the sm80 kernel takes the call).
     BlockTileBuffer steps;
     FA_RETURN_IF_ERROR(steps.build(p, K::kBlockM, K::kBlockN, BlockWalk::kGroupSteps));
     auto kernel = p.has_dropout() ? block_sparse_backward_kernel<D, T, PhiloxDropout> : block_sparse_backward_kernel<D, T>;

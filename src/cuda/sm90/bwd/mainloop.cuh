@@ -222,7 +222,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     const uint32_t ph = (it / kStages) & 1;
     const int buf = it & 1;
     int h, m;
-    Walk::step(tiles, cta, it, h, m);
+    const bool partial = Walk::step(tiles, cta, it, h, m);
     const int q0 = m * kBlockM;
     // Dropout's keep bits while the stage's Q and dO load, before S^T and
     // dP^T are issued (their accumulators not live yet).
@@ -230,6 +230,11 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     if constexpr (Drop::kOn) {
       keep = transposed_keep_bits<K>(p.dropout, cta.b * p.heads_q + h, q0 + th.q_col,
                                      cta.w.k0 + th.key_off + 16 * th.warp, th.lane / 4, th.quad);
+    }
+    // A step the block mask lists in part: which pairs it lists, as the keep bits.
+    ListedBits<K> listed;
+    if constexpr (Walk::kListed) {
+      if (partial) listed = listed_bits<K>(p.block_mask, tiles.blocks, cta, th, h, q0);
     }
     mbar_wait(&sm.full[s], ph);
 
@@ -263,6 +268,9 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       int rel_lo[2], count[2];
       visible_spans(rel_lo, count, cta, th, q0);
       zero_invisible<K>(st, rel_lo, count);
+    }
+    if constexpr (Walk::kListed) {
+      if (partial) zero_unlisted<K>(st, listed);
     }
     if constexpr (K::kSplitD) {
       p_frags<K, T, Drop>(st, keep, pa);

@@ -61,8 +61,9 @@ struct BwdCta {
 //   DenseQueryWalk   every query tile of the element mask's range for every
 //                    query head of the group (the kernel without a block mask)
 //   ListedQueryWalk  the steps of a block mask listed for the key tile, built
-//                    on the host (BlockWalk::kGroupSteps: each a full tile,
-//                    inside the element mask's range); a key tile no query
+//                    on the host (BlockWalk::kGroupSteps, inside the element
+//                    mask's range); a step listed in part tests each pair
+//                    (zero_unlisted, softmax.cuh); a key tile no query
 //                    tile lists walks none and writes dK = dV = 0; in
 //                    deterministic mode a key tile's dQ turn follows the
 //                    next-higher key tile that lists the same query tile
@@ -71,10 +72,12 @@ struct DenseQueryWalk {
   struct Tiles {};
   static constexpr bool kListed = false;
   __device__ __forceinline__ static void narrow(const AttentionParams&, const Tiles&, BwdCta&) {}
-  // Step it: query head h, query tile m.
-  __device__ __forceinline__ static void step(const Tiles&, const BwdCta& c, int it, int& h, int& m) {
+  // Step it: query head h, query tile m; whether the block mask lists the
+  // tile in part (never here).
+  __device__ __forceinline__ static bool step(const Tiles&, const BwdCta& c, int it, int& h, int& m) {
     h = c.head(it);
     m = c.w.query_tile(it);
+    return false;
   }
   // Deterministic mode: one below the key tile that adds into step it's
   // (h, m) right before this one (wait_dq_turn's n_tile, which waits only if
@@ -94,10 +97,11 @@ struct ListedQueryWalk {
   }
   // NOTES: the entry holds the query head itself, not its index in the group:
   // hk * group held across the consumers' loop spilled 8 bytes at d 128.
-  __device__ __forceinline__ static void step(const Tiles& tiles, const BwdCta& c, int it, int& h, int& m) {
+  __device__ __forceinline__ static bool step(const Tiles& tiles, const BwdCta& c, int it, int& h, int& m) {
     const int32_t entry = tiles.steps.entries[c.w.first + it];
-    h = entry >> kStepHeadShift;
+    h = (entry >> kStepHeadShift) & kStepHeadMask;
     m = entry & kStepTileMask;
+    return (entry & kStepPartial) != 0;
   }
   // As DenseQueryWalk's: wait_dq_turn's n_tile, the next-higher key tile
   // that lists the step's (h, m) less one, found on the host

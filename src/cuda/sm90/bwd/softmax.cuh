@@ -140,6 +140,53 @@ __device__ __forceinline__ void zero_invisible(float (&st)[K::kSN / 2], const in
     }
 }
 
+// Which pairs of this thread's S^T elements the block mask lists, on a step
+// it lists in part: bit e of word e / 32 for element e (accumulator tile
+// e / 4, element e % 4: key key_r + 8 ((e % 4) >> 1), query query0 + 8 (e / 4)
+// + (e & 1)). Key row r lies in key block kb[r]; query column q in query
+// block q / block_q, whose bit row holds the listed key blocks. Queries and
+// keys past the sequence are clamped to its last block (their P is zero
+// already: zero_invisible).
+// NOTES: made before S^T and dP^T are issued, as dropout's keep bits are
+// (their accumulators not live yet): tested where P is made, the loads and
+// their addresses spilled 12 bytes at d 64.
+template <class K>
+struct ListedBits {
+  static constexpr int kWords = (K::kSN / 2 + 31) / 32;
+  uint32_t w[kWords];
+};
+template <class K>
+__device__ __forceinline__ ListedBits<K> listed_bits(const BlockMaskView& m, const ListedBlocks& blocks,
+                                                     const BwdCta& cta, const ConsumerThread& th, int h, int q0) {
+  ListedBits<K> out;
+#pragma unroll
+  for (int w = 0; w < ListedBits<K>::kWords; ++w) out.w[w] = 0;
+  const int64_t row = BlockTiles::list_row(m, cta.b, h);
+  int kb[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) kb[r] = min((cta.w.k0 + th.key_r + 8 * r) / m.block_k, m.k_blocks - 1);
+  const int query0 = q0 + th.q_col + 2 * th.quad;
+#pragma unroll
+  for (int i = 0; i < K::kSN / 8; ++i)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const uint32_t* bits = blocks.row_bits(m, row, min(query0 + 8 * i + c, cta.seq.seqlen_q - 1));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int e = 4 * i + 2 * r + c;
+        out.w[e / 32] |= static_cast<uint32_t>(ListedBlocks::listed(bits, kb[r])) << (e % 32);
+      }
+    }
+  return out;
+}
+
+// P^T = 0 where the block mask does not list the pair (listed_bits).
+template <class K>
+__device__ __forceinline__ void zero_unlisted(float (&st)[K::kSN / 2], const ListedBits<K>& listed) {
+#pragma unroll
+  for (int e = 0; e < K::kSN / 2; ++e) st[e] = (listed.w[e / 32] >> (e % 32)) & 1u ? st[e] : 0.0f;
+}
+
 // dS^T = P^T * (dP^T - D) into dpt; d_row: the shared-memory address of D of
 // this thread's first query column (as exp_scores' lse_row).
 template <class K>
