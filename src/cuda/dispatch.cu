@@ -7,8 +7,8 @@
 //             mask runs either (sm90/fwd/scheduler.cuh's ListedKeys), with
 //             or without dropout.
 //   backward: pre-pass, then the sm90 main kernel where can_run_backward(p)
-//             (a block mask: fixed lengths; FA_ERROR_UNSUPPORTED before any
-//             launch from its list build, e.g. past 2^31 steps), else
+//             (a block mask: FA_ERROR_UNSUPPORTED before any launch from
+//             its list build, e.g. past 2^31 steps), else
 //             sm80's, then the post-pass, all on p.stream.
 //   both:     a varlen call captured into a CUDA graph reads a checked copy
 //             of its cu_seqlens (common/captured_varlen.h).

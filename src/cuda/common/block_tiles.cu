@@ -146,31 +146,44 @@ int32_t turn_before(const HostTileLists& lists, int64_t row, int q, int n, int q
 }
 
 // kGroupSteps: the transposed lists restated per (sequence b, kv head hk,
-// key tile n) as steps h << kStepHeadShift | m, query heads h of the group in
-// turn, each head's query tiles ascending inside [query_begin, query_end) of
-// the element mask (as the kernel's own range), each with its turn_before in
-// `turns`, flagged kStepPartial where the tile is listed in part.
+// key tile n) as steps h << kStepHeadShift | m, each with its turn_before in
+// `turns`, flagged kStepPartial where the tile is listed in part. Fixed
+// lengths: query heads h of the group in turn, each head's query tiles
+// ascending inside [query_begin, query_end) of the element mask (as the
+// kernel's own range). Varlen: the sequences' lengths are device data, so
+// every listed query tile, ordered by query tile (then head): the kernel cuts
+// the steps to its sequence's range, one run of them (ListedQueryWalk::narrow).
 void group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, int k_tiles,
                  HostTileList& out, std::vector<int32_t>& turns) {
   const BlockMaskView& m = p.block_mask;
   const MaskPolicy mask = mask_for(p, {p.seqlen_q, p.seqlen_k, 0, 0});
   const int group = p.group_size();
   const int q_tiles = static_cast<int>(tiles_of(p.seqlen_q, tile_m));
+  const bool varlen = p.is_varlen();
+  std::vector<std::pair<int32_t, int32_t>> steps;  // (query tile, entry) of one key tile
   for (int b = 0; b < p.batch; ++b) {
     for (int hk = 0; hk < p.heads_kv; ++hk) {
       for (int n = 0; n < k_tiles; ++n) {
         const int k0 = n * tile_n, k1 = std::min(p.seqlen_k, k0 + tile_n);
-        const int m_begin = mask.query_begin(k0) / tile_m;
-        const int m_end = (mask.query_end(k1) + tile_m - 1) / tile_m;
+        const int m_begin = varlen ? 0 : mask.query_begin(k0) / tile_m;
+        const int m_end = varlen ? q_tiles : (mask.query_end(k1) + tile_m - 1) / tile_m;
+        steps.clear();
         for (int g = 0; g < group; ++g) {
           const int64_t r = BlockTiles::list_row(m, b, hk * group + g) * k_tiles + n;
           for (int32_t e = lists.query_start[r]; e < lists.query_start[r + 1]; ++e) {
             const int32_t q = TileList::index(lists.query_entries[e]);
             if (q < m_begin || q >= m_end) continue;
             const int32_t partial = TileList::full(lists.query_entries[e]) ? 0 : kStepPartial;
-            out.entries.push_back((hk * group + g) << kStepHeadShift | q | partial);
-            turns.push_back(turn_before(lists, BlockTiles::list_row(m, b, hk * group + g), q, n, q_tiles, k_tiles));
+            steps.emplace_back(q, (hk * group + g) << kStepHeadShift | q | partial);
           }
+        }
+        if (varlen) {
+          std::stable_sort(steps.begin(), steps.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+        }
+        for (const auto& [q, entry] : steps) {
+          const int h = (entry >> kStepHeadShift) & kStepHeadMask;
+          out.entries.push_back(entry);
+          turns.push_back(turn_before(lists, BlockTiles::list_row(m, b, h), q, n, q_tiles, k_tiles));
         }
         out.start.push_back(static_cast<int32_t>(out.entries.size()));
       }
@@ -326,10 +339,9 @@ struct Layout {
   bool backward = false, bits = false, group_steps = false;
 };
 
-// kGroupSteps' part of the image (fixed-length calls).
+// kGroupSteps' part of the image.
 fa_status append_group_steps(const AttentionParams& p, const HostTileLists& lists, int tile_m, int tile_n, Image& img,
                              Layout& at) {
-  if (p.is_varlen()) return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps of a varlen call");
   if (p.heads_q > kStepHeadMask + 1 || tiles_of(p.seqlen_q, tile_m) > kStepTileMask) {
     return fail(FA_ERROR_UNSUPPORTED, "block_mask: group steps past their bit fields");
   }

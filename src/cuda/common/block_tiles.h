@@ -28,9 +28,9 @@ namespace flashattn::cuda {
 // Which lists a launch walks: the forward per query tile; the backward per
 // key tile (and per query tile for the deterministic dQ order); kGroupSteps,
 // the Hopper backward's, per (sequence, kv head, key tile) the (query head of
-// the group, query tile) steps inside the element mask, those listed in part
-// flagged (kStepPartial, tested per pair against the bit table), fixed-length
-// calls only.
+// the group, query tile) steps (inside the element mask for fixed lengths;
+// varlen calls ordered by query tile, cut by the kernel), those listed in part
+// flagged (kStepPartial, tested per pair against the bit table).
 enum class BlockWalk { kForward, kBackward, kGroupSteps };
 
 // One launch's tile lists on the host (block_sparse.cuh, TileList): per

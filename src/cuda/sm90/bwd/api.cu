@@ -15,10 +15,10 @@ bool supports_backward(const AttentionParams& p) {
   // Deterministic mode: ordered dQ adds (dq.cuh NOTES); d 64/128 order the TMA
   // reduce-adds, d 256 its red.global adds (launch_backward checks the tuning
   // allows one of them); varlen batches too (reduce_dq).
-  // Block masks (ListedQueryWalk): fixed lengths; tiles the mask lists in
-  // part test each pair (zero_unlisted); with dropout, its PhiloxDropout instantiation;
-  // deterministic mode orders the dQ adds along the key tiles that list each query tile.
-  if (p.has_block_mask() && p.is_varlen()) return false;
+  // Block masks (ListedQueryWalk): tiles the mask lists in part test each
+  // pair (zero_unlisted); varlen calls cut their steps to the sequence's
+  // range; with dropout, its PhiloxDropout instantiation; deterministic mode
+  // orders the dQ adds along the key tiles that list each query tile.
   // Softcap: exp_scores_softcap / ds_scores_softcap (softmax.cuh), which take
   // tanh back from P and lse; with ALiBi that would need the bias again: the
   // sm80 kernel runs softcap + ALiBi.

@@ -61,8 +61,9 @@ struct BwdCta {
 //   DenseQueryWalk   every query tile of the element mask's range for every
 //                    query head of the group (the kernel without a block mask)
 //   ListedQueryWalk  the steps of a block mask listed for the key tile, built
-//                    on the host (BlockWalk::kGroupSteps, inside the element
-//                    mask's range); a step listed in part tests each pair
+//                    on the host (BlockWalk::kGroupSteps), inside the element
+//                    mask's range (varlen calls: cut to it in narrow); a
+//                    step listed in part tests each pair
 //                    (zero_unlisted, softmax.cuh); a key tile no query
 //                    tile lists walks none and writes dK = dV = 0; in
 //                    deterministic mode a key tile's dQ turn follows the
@@ -88,12 +89,29 @@ struct DenseQueryWalk {
 struct ListedQueryWalk {
   using Tiles = BlockTiles;
   static constexpr bool kListed = true;
-  // The key tile's steps: entries [first, first + iters) of its list row.
+  // The key tile's steps: entries [first, first + iters) of its list row;
+  // varlen calls keep those whose query tile lies in the sequence's range
+  // [m_begin, m_begin + n_m) (the host orders them by query tile there).
   __device__ __forceinline__ static void narrow(const AttentionParams& p, const Tiles& tiles, BwdCta& c) {
     const TileList& l = tiles.steps;
     const int64_t r = (int64_t{c.b} * p.heads_kv + c.hk) * l.tiles + c.n_tile;
     c.w.first = l.start[r];
     c.w.iters = l.start[r + 1] - c.w.first;
+    if (p.is_varlen()) {
+      const int end = c.w.first + c.w.iters;
+      const int lo = first_step_from(l, c.w.first, end, c.w.m_begin);
+      c.w.iters = first_step_from(l, lo, end, c.w.m_begin + c.w.n_m) - lo;
+      c.w.first = lo;
+    }
+  }
+  // The first of entries [a, b) (ordered by query tile) whose query tile is >= m.
+  __device__ __forceinline__ static int first_step_from(const TileList& l, int a, int b, int m) {
+    while (a < b) {
+      const int mid = a + (b - a) / 2;
+      if ((l.entries[mid] & kStepTileMask) < m) a = mid + 1;
+      else b = mid;
+    }
+    return a;
   }
   // NOTES: the entry holds the query head itself, not its index in the group:
   // hk * group held across the consumers' loop spilled 8 bytes at d 128.
