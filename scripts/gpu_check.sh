@@ -88,6 +88,13 @@ if has sanitize; then
   [ -x "$src/tests/test_sm90_dropout" ] &&
     FLASHATTN_SM90_TEST_SMALL=1 start_bg san_memcheck_test_sm90_dropout compute-sanitizer --tool memcheck \
       --error-exitcode 9 "$src/tests/test_sm90_dropout" --gtest_filter='Suite/*' --gtest_brief=1
+  # Block masks on the Hopper kernels: steps listed in part (per-pair bits), varlen steps cut
+  # by the kernel, dropout, the deterministic dQ order.
+  for tool in memcheck synccheck; do
+    [ -x "$src/tests/test_sm90_dropout" ] &&
+      start_bg "san_${tool}_sm90_block_mask" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$src/tests/test_sm90_dropout" --gtest_filter='Sm90BlockMaskVarlen.*' --gtest_brief=1
+  done
   [ -x "$src/tests/test_cuda_kvcache" ] &&
     start_bg san_memcheck_test_cuda_kvcache compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$src/tests/test_cuda_kvcache" --gtest_filter='CudaKvCacheErrors.*:CudaKvCacheGraph.*:*d64*:*CudaKvCacheNan*' --gtest_brief=1
