@@ -72,9 +72,8 @@ __device__ __forceinline__ void negative_zero_rows(uint8_t* staged, int rows, in
 // The reducer warp: adds each finished dQ tile into the f32 accumulator with
 // one TMA reduce per 32-column box (rows past the tensor are skipped; rows
 // past a varlen sequence hold zeros: dS = 0 there; -0.0f in deterministic
-// mode, NOTES). kDeterministicVarlen: the kernel runs deterministic varlen
-// calls (not with a block mask, which takes fixed lengths: api.cu).
-template <class K, class Walk, bool kDeterministicVarlen>
+// mode, NOTES).
+template <class K, class Walk>
 __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const AttentionParams& p,
                                           const bwd::Workspace& ws, const BwdCta& cta,
                                           const typename Walk::Tiles& tiles, int lane, int bq, int row_q0) {
@@ -91,7 +90,7 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
       fence_proxy_async_global();  // its adds (seen by the acquire) before ours
     }
     named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
-    if (kDeterministicVarlen && sem != nullptr && cta.varlen && q0 + K::kBlockM > cta.seq.seqlen_q) {
+    if (sem != nullptr && cta.varlen && q0 + K::kBlockM > cta.seq.seqlen_q) {
       negative_zero_rows<K>(smem + K::kDqOff + qb * K::kDqBytes, cta.seq.seqlen_q - q0, lane);
     }
     if (lane == 0) {

@@ -83,7 +83,7 @@ __device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUt
     const int bq = cta.varlen ? 0 : cta.b;
     const int row_q0 = cta.varlen ? static_cast<int>(cta.seq.row_q) : 0;
     if (K::kDqTma && warp == 1 && cta.w.iters > 0) {
-      reduce_dq<K, Walk, true>(&tma_dq, p, ws, cta, tiles, lane, bq, row_q0);
+      reduce_dq<K, Walk>(&tma_dq, p, ws, cta, tiles, lane, bq, row_q0);
       return;
     }
     produce<K, Walk>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, tiles, sm, warp, lane, bq, row_q0);
