@@ -44,10 +44,12 @@ struct TileList {
     *first = lower_bound(start[r], start[r + 1], lo);
     *last = lower_bound(*first, start[r + 1], hi);
   }
-  FA_HOST_DEVICE int lower_bound(int a, int b, int value) const {
+  // The first of entries [a, b) whose key (entry & key_bits: the tile index,
+  // or a backward step's query tile, kStepTileMask) is >= value.
+  FA_HOST_DEVICE int lower_bound(int a, int b, int value, int32_t key_bits = kTileIndexBits) const {
     while (a < b) {
       const int mid = a + (b - a) / 2;
-      if ((entries[mid] & kTileIndexBits) < value) a = mid + 1;
+      if ((entries[mid] & key_bits) < value) a = mid + 1;
       else b = mid;
     }
     return a;

@@ -99,19 +99,10 @@ struct ListedQueryWalk {
     c.w.iters = l.start[r + 1] - c.w.first;
     if (p.is_varlen()) {
       const int end = c.w.first + c.w.iters;
-      const int lo = first_step_from(l, c.w.first, end, c.w.m_begin);
-      c.w.iters = first_step_from(l, lo, end, c.w.m_begin + c.w.n_m) - lo;
+      const int lo = l.lower_bound(c.w.first, end, c.w.m_begin, kStepTileMask);
+      c.w.iters = l.lower_bound(lo, end, c.w.m_begin + c.w.n_m, kStepTileMask) - lo;
       c.w.first = lo;
     }
-  }
-  // The first of entries [a, b) (ordered by query tile) whose query tile is >= m.
-  __device__ __forceinline__ static int first_step_from(const TileList& l, int a, int b, int m) {
-    while (a < b) {
-      const int mid = a + (b - a) / 2;
-      if ((l.entries[mid] & kStepTileMask) < m) a = mid + 1;
-      else b = mid;
-    }
-    return a;
   }
   // NOTES: the entry holds the query head itself, not its index in the group:
   // hk * group held across the consumers' loop spilled 8 bytes at d 128.
