@@ -118,8 +118,8 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
 // ^= row % 8: the 8 rows of a store land in distinct banks), then the reducer
 // warp adds it into the accumulator.
 template <class K>
-__device__ __forceinline__ void stage_dq(const float (&dq)[K::kDqN / 2], const ConsumerThread& th, int it,
-                                         int dq_row0) {
+__device__ __forceinline__ void stage_dq(const float (&dq)[K::kDqParts][K::kDqN / 2], const ConsumerThread& th,
+                                         int it, int dq_row0) {
   uint8_t* const smem = smem_raw + smem_align_pad();
   const int qb = it % K::kDqBufs;
   if (it >= K::kDqBufs) named_sync(K::kDqFree0 + qb, K::kDqBarThreads);
@@ -127,18 +127,21 @@ __device__ __forceinline__ void stage_dq(const float (&dq)[K::kDqN / 2], const C
   // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
   // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
   const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
-                        ((K::kDqSplitM ? 0 : th.cw * (K::kDqN / 32)) * K::kBlockM + dq_row0) * 128 +
+                        ((K::kDqSplitM || K::kDqAlternate ? 0 : th.cw * (K::kDqN / 32)) * K::kBlockM + dq_row0) * 128 +
                         (th.quad % 2) * 8;
   const uint32_t swz = opaque(th.lane / 4);  // row % 8 of both rows stored
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int part = 0; part < K::kDqParts; ++part)
 #pragma unroll
-    for (int i = 0; i < K::kDqN / 8; ++i) {
-      const uint32_t box = i / 4;
-      const uint32_t chunk = (2 * (i % 4) + th.quad / 2) ^ swz;
-      st_shared_v2(rowb + box * (K::kBlockM * 128) + r * 1024 + chunk * 16, dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int i = 0; i < K::kDqN / 8; ++i) {
+        const uint32_t box = i / 4;
+        const uint32_t chunk = (2 * (i % 4) + th.quad / 2) ^ swz;
+        st_shared_v2(rowb + box * (K::kBlockM * 128) + part * 64 * 128 + r * 1024 + chunk * 16,
+                     dq[part][4 * i + 2 * r], dq[part][4 * i + 2 * r + 1]);
+      }
     }
-  }
   fence_proxy_async_smem();
   named_arrive(K::kDqFull0 + qb, K::kDqBarThreads);
 }
@@ -236,19 +239,19 @@ __device__ __forceinline__ void red_dq_frags(const float (&dq)[K::kDqN / 2], con
 // This consumer's dQ partial of iteration it (query tile q0 of head h) into
 // the accumulator, the configuration's way.
 template <class K, class Walk>
-__device__ __forceinline__ void write_dq(const float (&dq)[K::kDqN / 2], const AttentionParams& p,
+__device__ __forceinline__ void write_dq(const float (&dq)[K::kDqParts][K::kDqN / 2], const AttentionParams& p,
                                          const bwd::Workspace& ws, const BwdCta& cta,
                                          const typename Walk::Tiles& tiles, const ConsumerThread& th,
                                          uint32_t p_base, uint32_t ds_base, int it,
                                          int buf, int h, int q0) {
-  const int dq_row0 = (K::kDqSplitM ? th.cw * 64 : 0) + th.warp * 16 + th.lane / 4;
-  const int dq_col0 = (K::kDqSplitM ? 0 : th.cw * K::kDqN) + 2 * th.quad;
+  const int dq_row0 = (K::kDqSplitM && !K::kDqAlternate ? th.cw * 64 : 0) + th.warp * 16 + th.lane / 4;
+  const int dq_col0 = (K::kDqSplitM || K::kDqAlternate ? 0 : th.cw * K::kDqN) + 2 * th.quad;
   if constexpr (K::kDqTma) {
     stage_dq<K>(dq, th, it, dq_row0);
   } else if constexpr (K::kSplitD) {
-    red_dq_rows<K, Walk>(dq, p, ws, cta, tiles, th, p_base, ds_base, it, buf, h, q0);
+    red_dq_rows<K, Walk>(dq[0], p, ws, cta, tiles, th, p_base, ds_base, it, buf, h, q0);
   } else {
-    red_dq_frags<K>(dq, p, ws, cta, h, q0, dq_row0, dq_col0);
+    red_dq_frags<K>(dq[0], p, ws, cta, h, q0, dq_row0, dq_col0);
   }
 }
 

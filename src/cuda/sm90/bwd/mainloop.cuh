@@ -12,6 +12,18 @@
 // dK and dV stay in registers over the whole walk; epilogue.cuh writes them.
 //
 // NOTES:
+// - kDqAlternate (d 64, d 128): query tile it's dQ (all 128 keys, every
+//   column) is warpgroup (it & 1)'s alone. The other arrives at the tile's
+//   dS^T barrier and goes on to tile it + 1's S^T and dP^T, which then run on
+//   the tensor cores under the dQ product, its wait and its staging: with
+//   both warpgroups computing half of every tile's dQ, they left the tensor
+//   cores idle there together. One barrier id per tile parity: a warpgroup
+//   that arrives at tile it's may reach tile it + 1's before the other has
+//   left tile it's. The dS^T buffer a warpgroup writes at tile it + 2 was
+//   read by tile it's dQ, which its owner waited for before arriving at tile
+//   it + 1's barrier, and the writer passed that barrier (it waits there for
+//   tile it + 1's dQ). Measured +4-10% at d 64, +1-5% at d 128
+//   (docs/performance.md 3.3).
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
@@ -72,8 +84,8 @@ struct ConsumerOperands {
     do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
     // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
     // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
-    const uint32_t dq_a_off = K::kDqSplitM ? th.cw * kBlockN * 128 : 0;
-    const uint32_t dq_b_off = K::kDqSplitM ? 0 : th.cw * (K::kDqN / 64) * kBlockN * 128;
+    const uint32_t dq_a_off = (K::kDqSplitM && !K::kDqAlternate) ? th.cw * kBlockN * 128 : 0;
+    const uint32_t dq_b_off = (K::kDqSplitM || K::kDqAlternate) ? 0 : th.cw * (K::kDqN / 64) * kBlockN * 128;
     ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
     k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
     // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.
@@ -162,13 +174,19 @@ __device__ __forceinline__ void issue_updates_together(float (&dv)[K::kDvN / 2],
   wgmma_commit();
 }
 
-// dQ partial = dS K (this warpgroup's half; dS^T of buffer buf), its own group.
+// dQ partial = dS K (this warpgroup's share of the tile: half of it, or with
+// kDqAlternate the whole of it, part r the queries 64 r .. 64 r + 63; dS^T of
+// buffer buf), its own group.
 template <class K, typename T>
-__device__ __forceinline__ void issue_dq(float (&dq)[K::kDqN / 2], uint64_t ds_mn, uint64_t k_mn, int buf) {
+__device__ __forceinline__ void issue_dq(float (&dq)[K::kDqParts][K::kDqN / 2], uint64_t ds_mn, uint64_t k_mn,
+                                         int buf) {
   wgmma_fence();
 #pragma unroll
-  for (int kt = 0; kt < K::kBlockN / 16; ++kt)
-    WgmmaSSTT<K::kDqN, T>::run(dq, desc_ds<K>(ds_mn, buf, kt), desc_k_mn(k_mn, kt), kt > 0);
+  for (int r = 0; r < K::kDqParts; ++r)
+#pragma unroll
+    for (int kt = 0; kt < K::kBlockN / 16; ++kt)
+      WgmmaSSTT<K::kDqN, T>::run(dq[r], desc_ds<K>(desc_advance(ds_mn, r * K::kBlockN * 128), buf, kt),
+                                 desc_k_mn(k_mn, kt), kt > 0);
   wgmma_commit();
 }
 
@@ -303,11 +321,28 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
 
     store_transposed<K>(op.ds_base, buf, da, th);
     fence_proxy_async_smem();
-    named_sync(K::kDsBarrier, 128 * K::kConsumers);
+    if constexpr (K::kDqAlternate) {
+      // Query tile it's dQ is warpgroup (it & 1)'s: it waits for the other's
+      // half of dS^T; the other only arrives, and goes on to the next tile
+      // once its dV, dK are done. Both wait for dV, dK first: the dQ
+      // accumulator beside their fragments made ptxas serialize the wgmmas
+      // at d 128 (C7512).
+      const uint32_t ds_bar = (it & 1) ? K::kDsBarrierOdd : K::kDsBarrier;
+      const bool mine = (it & 1) == cw;
+      if (!mine) named_arrive(ds_bar, 128 * K::kConsumers);
+      wgmma_wait<0>();
+      fence_operands(pa);
+      fence_operands(da);
+      release_stage<K>(dv, dk, &sm.empty[s], th.lane);
+      if (!mine) continue;
+      named_sync(ds_bar, 128 * K::kConsumers);
+    } else {
+      named_sync(K::kDsBarrier, 128 * K::kConsumers);
+    }
 
     // dQ partial = dS K (this warpgroup's half), then into the accumulator;
     // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
-    float dq[K::kDqN / 2];
+    float dq[K::kDqParts][K::kDqN / 2];
     issue_dq<K, T>(dq, op.ds_mn, op.k_mn, buf);
     if constexpr (K::kSplitD) {
       issue_split_d_updates<K, T>(dv, dk, op.p_t_rows, op.ds_t_rows, op.do_mn, op.q_mn, buf, s);
@@ -315,10 +350,11 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    fence_operands(dq);
+#pragma unroll
+    for (int r = 0; r < K::kDqParts; ++r) fence_operands(dq[r]);
     fence_operands(pa);
     fence_operands(da);
-    if constexpr (!K::kSplitD) release_stage<K>(dv, dk, &sm.empty[s], th.lane);
+    if constexpr (!K::kSplitD && !K::kDqAlternate) release_stage<K>(dv, dk, &sm.empty[s], th.lane);
 
     write_dq<K, Walk>(dq, p, ws, cta, tiles, th, op.p_base, op.ds_base, it, buf, h, q0);
     if constexpr (K::kSplitD) {

@@ -40,8 +40,13 @@ struct BwdTraits {
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   // dQ = dS K split between the two consumers along queries (kBlockM 128) or
   // along d (kBlockM 64, split-d); each runs m64 x n kDqN wgmmas.
+  // kDqAlternate: one consumer computes the whole m64 x D tile, the two in turn.
+  static constexpr bool kDqAlternate = Tune::kDqAlternate;
   static constexpr bool kDqSplitM = kBlockM == 128;
-  static constexpr int kDqN = kDqSplitM ? D : D / 2;
+  static constexpr int kDqN = (kDqSplitM || kDqAlternate) ? D : D / 2;
+  // m64 row blocks of dQ one consumer computes per tile (kDqAlternate with
+  // 128-query tiles: both).
+  static constexpr int kDqParts = kDqAlternate ? kBlockM / 64 : 1;
   static constexpr int kKOff = 0;
   static constexpr int kVOff = kKOff + kKVBytes;
   static constexpr int kQOff = kVOff + kKVBytes;
@@ -63,10 +68,15 @@ struct BwdTraits {
   // full[s] completes on the TMA bytes plus the arrivals of the producer warp's
   // 32 lanes (lane 0 arrives twice: expect_tx, then with its lse/D stores).
   static constexpr uint32_t kFullArrivals = 1 + 32;
-  static constexpr uint32_t kDsBarrier = 1;  // named barrier of the 256 consumer threads
+  // Named barrier of the 256 consumer threads once both halves of dS^T are
+  // stored; kDqAlternate: kDsBarrierOdd for odd query tiles (the warpgroup
+  // that computes a tile's dQ waits there, the other arrives and goes on, so
+  // two tiles in a row need two barriers).
+  static constexpr uint32_t kDsBarrier = 1, kDsBarrierOdd = 7;
   // dQ buffer b: written by the consumers (kDqFull0 + b), drained by the reducer
   // warp (kDqFree0 + b); 256 consumer threads + 32.
-  static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4, kDqBarThreads = 128 * kConsumers + 32;
+  static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4;
+  static constexpr uint32_t kDqBarThreads = 128 * (kDqAlternate ? 1 : kConsumers) + 32;
   // Split-d deterministic mode: the 256 consumer threads meet before and after
   // a query tile's dQ adds (the wait for key tile n+1, the publication).
   static constexpr uint32_t kDqOrderBarrier = 6;
@@ -76,6 +86,8 @@ struct BwdTraits {
   static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM && !Tune::kEarlyDv),
                 "split-d: 64 x 64 tiles, dQ split along d, dV issued after the P^T exchange");
   static_assert(kDqBufs <= 2, "two dQ barrier pairs");
+  static_assert(!kDqAlternate || (kDqTma && !kSplitD),
+                "alternating dQ: whole tiles staged for the TMA reducer");
   static_assert(!kSplitD || kDqTma || (kBlockN == 64 && kDqN == 128),
                 "split-d dQ write-out: a warp's 2 KB scratch is its 16 key rows x 4 chunks of P^T and dS^T");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,

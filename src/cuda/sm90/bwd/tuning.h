@@ -25,13 +25,19 @@
 //             adds (red.v2 from the fragment; at d 256 red.v4 along rows).
 //             At d 64/128 the deterministic mode needs the TMA path.
 //   kDqBufs   dQ tiles in flight (kBlockM*d*4 bytes each).
+//   kDqAlternate  dQ = dS K of a query tile computed whole by one consumer
+//             warpgroup, the two taking the tiles in turn (mainloop.cuh
+//             NOTES), instead of each computing half of every tile's: the
+//             other warpgroup's next S^T, dP^T fill the tensor cores while
+//             dQ is finished and staged. Needs the TMA reducer (whole tiles).
 //   kProducerRegs / kConsumerRegs: setmaxnreg split, 128 * (24 + 2 * 240) <= 65536.
 // ptxas must neither spill nor serialize the wgmmas ("C7512: wgmma.mma_async
 // instructions are serialized due to insufficient register resources", which
 // it reports with -Xptxas -v only): check both after every change here.
-// dQ = dS K (M = queries, N = d, K = keys) is split between the two consumer
-// warpgroups along the queries when kBlockM = 128, along d when kBlockM = 64:
-// either way each warpgroup runs m64n64 wgmmas over all 128 keys.
+// dQ = dS K (M = queries, N = d, K = keys): with kDqAlternate one consumer
+// warpgroup computes a tile's whole dQ, the two in turn; otherwise it is
+// split between them along the queries when kBlockM = 128, along d when
+// kBlockM = 64 (each runs m64n64 wgmmas over all 128 keys).
 //
 // What runs here and what falls back to the sm80 kernel (api.cu decides):
 //   here:     f16/bf16, head_dim 64, 128 and 256 exactly, causal / sliding window
@@ -64,6 +70,7 @@ struct BackwardTuning<64> {
   // 160 + 32 KB; a second buffer would be 40 bytes over the 227 KB.
   static constexpr bool kDqTma = true;
   static constexpr int kDqBufs = 1;
+  static constexpr bool kDqAlternate = true;  // dQ 2 x m64n64 (64 regs) after dV, dK end
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
@@ -78,6 +85,7 @@ struct BackwardTuning<128> {
   static constexpr bool kOverlapP = true;
   static constexpr bool kDqTma = true;
   static constexpr int kDqBufs = 2;  // 160 + 64 KB
+  static constexpr bool kDqAlternate = true;  // dQ m64n128 (64 regs) after dV, dK end
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
@@ -99,6 +107,7 @@ struct BackwardTuning<256> {
   static constexpr bool kOverlapP = true;
   static constexpr bool kDqTma = false;
   static constexpr int kDqBufs = 0;
+  static constexpr bool kDqAlternate = false;  // split-d adds dQ by red.global, no TMA reducer
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
