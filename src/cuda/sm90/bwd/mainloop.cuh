@@ -22,8 +22,8 @@
 //   left tile it's. The dS^T buffer a warpgroup writes at tile it + 2 was
 //   read by tile it's dQ, which its owner waited for before arriving at tile
 //   it + 1's barrier, and the writer passed that barrier (it waits there for
-//   tile it + 1's dQ). Measured +4-10% at d 64, +1-5% at d 128
-//   (docs/performance.md 3.3).
+//   tile it + 1's dQ). Measured +4-10% at d 64, +2-3% at d 128 (means over
+//   1k-16k; docs/performance.md 3.3).
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
@@ -340,7 +340,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       named_sync(K::kDsBarrier, 128 * K::kConsumers);
     }
 
-    // dQ partial = dS K (this warpgroup's half), then into the accumulator;
+    // dQ partial = dS K (this warpgroup's share), then into the accumulator;
     // split-d: dV += P^T dO and dK += dS^T Q behind it, in their own group.
     float dq[K::kDqParts][K::kDqN / 2];
     issue_dq<K, T>(dq, op.ds_mn, op.k_mn, buf);

@@ -74,7 +74,8 @@ struct BwdTraits {
   // two tiles in a row need two barriers).
   static constexpr uint32_t kDsBarrier = 1, kDsBarrierOdd = 7;
   // dQ buffer b: written by the consumers (kDqFull0 + b), drained by the reducer
-  // warp (kDqFree0 + b); 256 consumer threads + 32.
+  // warp (kDqFree0 + b); the consumer threads that stage a tile (both
+  // warpgroups, or with kDqAlternate the tile's one) + 32.
   static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4;
   static constexpr uint32_t kDqBarThreads = 128 * (kDqAlternate ? 1 : kConsumers) + 32;
   // Split-d deterministic mode: the 256 consumer threads meet before and after
