@@ -23,7 +23,10 @@
 //   read by tile it's dQ, which its owner waited for before arriving at tile
 //   it + 1's barrier, and the writer passed that barrier (it waits there for
 //   tile it + 1's dQ). Measured +4-10% at d 64, +2-3% at d 128 (means over
-//   1k-16k; docs/performance.md 3.3).
+//   1k-16k; docs/performance.md 3.3). Issuing tile it + 1's S^T and dP^T
+//   before tile it's dQ ends (the same overlap within one warpgroup) puts
+//   wgmma accumulators in flight across the loop's back edge: ptxas spilled
+//   500-1000 bytes and serialized every wgmma (C7515) in each form tried.
 // - dS^T is double-buffered in shared memory: the one named barrier per query
 //   tile (both warpgroups have written their half) also proves that both have
 //   finished the dQ wgmma of the tile before, which read the other buffer.
