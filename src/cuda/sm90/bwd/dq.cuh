@@ -127,7 +127,7 @@ __device__ __forceinline__ void stage_dq(const float (&dq)[K::kDqParts][K::kDqN 
   // col / 32 = col_base / 32 + i / 4, chunk (col % 32) / 4 = 2 * (i % 4)
   // + quad / 2, byte (col % 4) * 4 = (quad % 2) * 8 in the chunk.
   const uint32_t rowb = smem_addr(smem + K::kDqOff + qb * K::kDqBytes) +
-                        ((K::kDqSplitM || K::kDqAlternate ? 0 : th.cw * (K::kDqN / 32)) * K::kBlockM + dq_row0) * 128 +
+                        ((K::kDqSplitCols ? th.cw * (K::kDqN / 32) : 0) * K::kBlockM + dq_row0) * 128 +
                         (th.quad % 2) * 8;
   const uint32_t swz = opaque(th.lane / 4);  // row % 8 of both rows stored
 #pragma unroll
@@ -244,8 +244,8 @@ __device__ __forceinline__ void write_dq(const float (&dq)[K::kDqParts][K::kDqN 
                                          const typename Walk::Tiles& tiles, const ConsumerThread& th,
                                          uint32_t p_base, uint32_t ds_base, int it,
                                          int buf, int h, int q0) {
-  const int dq_row0 = (K::kDqSplitM && !K::kDqAlternate ? th.cw * 64 : 0) + th.warp * 16 + th.lane / 4;
-  const int dq_col0 = (K::kDqSplitM || K::kDqAlternate ? 0 : th.cw * K::kDqN) + 2 * th.quad;
+  const int dq_row0 = (K::kDqSplitRows ? th.cw * 64 : 0) + th.warp * 16 + th.lane / 4;
+  const int dq_col0 = (K::kDqSplitCols ? th.cw * K::kDqN : 0) + 2 * th.quad;
   if constexpr (K::kDqTma) {
     stage_dq<K>(dq, th, it, dq_row0);
   } else if constexpr (K::kSplitD) {

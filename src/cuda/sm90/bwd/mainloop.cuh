@@ -87,8 +87,8 @@ struct ConsumerOperands {
     do_mn = make_smem_desc_sw128(do_base + dv_col_off, kBlockM * 128, 1024);
     // dQ: A = dS (queries as M, keys as K; stored [key][query]), B = K (keys
     // as K, d as N; stored [key][d]): both MN-major, k-step kt of 16 keys.
-    const uint32_t dq_a_off = (K::kDqSplitM && !K::kDqAlternate) ? th.cw * kBlockN * 128 : 0;
-    const uint32_t dq_b_off = (K::kDqSplitM || K::kDqAlternate) ? 0 : th.cw * (K::kDqN / 64) * kBlockN * 128;
+    const uint32_t dq_a_off = K::kDqSplitRows ? th.cw * kBlockN * 128 : 0;
+    const uint32_t dq_b_off = K::kDqSplitCols ? th.cw * (K::kDqN / 64) * kBlockN * 128 : 0;
     ds_mn = make_smem_desc_sw128(ds_base + dq_a_off, kBlockN * 128, 1024);
     k_mn = make_smem_desc_sw128(k_base + dq_b_off, kBlockN * 128, 1024);
     // Split-d dV / dK: A = P^T / dS^T (keys as M, queries as K; K-major), k-step kt.

@@ -38,12 +38,14 @@ struct BwdTraits {
   static constexpr int kQBytes = kBlockM * D * 2;
   // dS^T (and in split-d mode P^T) tiles, double-buffered, shared by both consumers.
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  // dQ = dS K split between the two consumers along queries (kBlockM 128) or
-  // along d (kBlockM 64, split-d); each runs m64 x n kDqN wgmmas.
-  // kDqAlternate: one consumer computes the whole m64 x D tile, the two in turn.
+  // A consumer's share of a tile's dQ = dS K: with kDqAlternate all of it
+  // (the two in turn); otherwise half, along the queries (kDqSplitRows,
+  // kBlockM 128: rows 64 cw ..) or along d (kDqSplitCols, kBlockM 64, split-d:
+  // columns cw kDqN ..). Each runs m64 x n kDqN wgmmas.
   static constexpr bool kDqAlternate = Tune::kDqAlternate;
-  static constexpr bool kDqSplitM = kBlockM == 128;
-  static constexpr int kDqN = (kDqSplitM || kDqAlternate) ? D : D / 2;
+  static constexpr bool kDqSplitRows = kBlockM == 128 && !kDqAlternate;
+  static constexpr bool kDqSplitCols = kBlockM == 64 && !kDqAlternate;
+  static constexpr int kDqN = kDqSplitCols ? D / 2 : D;
   // m64 row blocks of dQ one consumer computes per tile (kDqAlternate with
   // 128-query tiles: both).
   static constexpr int kDqParts = kDqAlternate ? kBlockM / 64 : 1;
@@ -84,7 +86,7 @@ struct BwdTraits {
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
   static_assert(kDqN == 64 || kDqN == 128, "dQ wgmmas are m64n64 or m64n128 (WgmmaSSTT)");
-  static_assert(!kSplitD || (kBlockM == 64 && !kDqSplitM && !Tune::kEarlyDv),
+  static_assert(!kSplitD || (kBlockM == 64 && kDqSplitCols && !Tune::kEarlyDv),
                 "split-d: 64 x 64 tiles, dQ split along d, dV issued after the P^T exchange");
   static_assert(kDqBufs <= 2, "two dQ barrier pairs");
   static_assert(!kDqAlternate || (kDqTma && !kSplitD),
