@@ -55,9 +55,7 @@ struct Traits {
   static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
   static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
-  // A thread copies one 16-byte column chunk of rows key0 + n * kRowsPerPass.
-  static constexpr int kRowsPerPass = kThreads / kChunks;
-  static constexpr int kRowsPerThread = kBlockK / kRowsPerPass;
+  static constexpr int kLineChunks = kChunks < 8 ? kChunks : 8;  // chunks per 128-byte line of a row
   static constexpr int kQBytes = kMaxRows * kRowElems * 2;
   // The end-of-CTA merge reuses the drained ring: O of every slice, the
   // slices' (m, l), their merge weights and each row's lse.
@@ -69,7 +67,23 @@ struct Traits {
   static constexpr int kScratchFloats = kKeySlices * kMaxRows * (kMergeRowFloats + 3) + kMaxRows;
   static_assert(kMaxRows % 8 == 0, "whole mma n-tiles of packed query rows");
   static_assert(kKeySlices * kColumnParts == kWarps && kColumns % 16 == 0, "warp mapping");
-  static_assert(kThreads % kChunks == 0 && kBlockK % kRowsPerPass == 0, "whole rows per pass");
+};
+
+// How the CTA's threads share the copies of a key tile (a K/V source's choice,
+// source.cuh): runs of kLaneChunks threads copy one 16-byte chunk each of a
+// row segment of as many chunks; a thread copies its chunk of each of a row's
+// kSegments segments, in rows key0() + n * kRowsPerPass.
+template <int HeadDim, int LaneChunks>
+struct CopyMap {
+  using Tr = Traits<HeadDim>;
+  static constexpr int kLaneChunks = LaneChunks;
+  static constexpr int kSegments = Tr::kChunks / LaneChunks;
+  static constexpr int kRowsPerPass = kThreads / LaneChunks;
+  static constexpr int kRowsPerThread = Tr::kBlockK / kRowsPerPass;
+  static_assert(Tr::kChunks % LaneChunks == 0 && kThreads % LaneChunks == 0 && Tr::kBlockK % kRowsPerPass == 0,
+                "whole rows per pass");
+  __device__ static int chunk0() { return threadIdx.x % LaneChunks; }
+  __device__ static int key0() { return threadIdx.x / LaneChunks; }
 };
 
 // The K/V ring of a head-dim bucket within a budget of RingBytes (tuning.h:

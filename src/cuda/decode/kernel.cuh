@@ -57,21 +57,25 @@ __device__ __forceinline__ void cp_async_row_16(uint32_t dst, const void* src, b
                "l"(src), "r"(valid ? 16 : 0), "l"(policy));
 }
 
-// Calls f(key, valid, k_off, v_off) for the rows of key tile `tile` this
-// thread copies (one 16-byte column chunk of each): valid is false for rows past
-// the sequence, rows the source refuses and columns past the head dim.
+// Calls f(key, chunk, valid, k_off, v_off) for the 16-byte column chunks of
+// key tile `tile` this thread copies (the source's CopyMap): valid is false for
+// rows past the sequence, rows the source refuses and columns past the head dim.
 template <int HeadDim, class Source, class F>
 __device__ __forceinline__ void for_tile_rows(const KvCacheParams& p, const TileWork& t, const Source& src,
                                               const typename Source::Rows& rows, int tile, F&& f) {
   using Tr = Traits<HeadDim>;
-  const int chunk = threadIdx.x % Tr::kChunks, key0 = threadIdx.x / Tr::kChunks;
-  const bool column_ok = chunk * 8 < p.attn.head_dim;
+  using Map = typename Source::Map;
+  const int chunk0 = Map::chunk0(), key0 = Map::key0();
 #pragma unroll
-  for (int n = 0; n < Tr::kRowsPerThread; ++n) {
-    const int key = key0 + n * Tr::kRowsPerPass, j = tile * Tr::kBlockK + key;
+  for (int n = 0; n < Map::kRowsPerThread; ++n) {
+    const int key = key0 + n * Map::kRowsPerPass, j = tile * Tr::kBlockK + key;
     int64_t k_off = 0, v_off = 0;
-    const bool valid = column_ok && j < t.keys && src.offsets(rows, j, n, k_off, v_off);
-    f(key, valid, k_off, v_off);
+    const bool row_ok = j < t.keys && src.offsets(rows, j, n, k_off, v_off);
+#pragma unroll
+    for (int seg = 0; seg < Map::kSegments; ++seg) {
+      const int chunk = chunk0 + seg * Map::kLaneChunks;
+      f(key, chunk, row_ok && chunk * 8 < p.attn.head_dim, k_off + chunk * 8, v_off + chunk * 8);
+    }
   }
 }
 
@@ -84,8 +88,7 @@ __device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork
   using Tr = Traits<HeadDim>;
   const T* k = static_cast<const T*>(p.attn.k);
   const T* v = static_cast<const T*>(p.attn.v);
-  const int chunk = threadIdx.x % Tr::kChunks;
-  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int key, bool valid, int64_t k_off, int64_t v_off) {
+  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int key, int chunk, bool valid, int64_t k_off, int64_t v_off) {
     T* dst = stage + key * Tr::kRowElems + chunk * 8;
     cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid, policy);
     cp_async_row_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid, policy);
@@ -99,12 +102,10 @@ template <typename T, int HeadDim, class Source>
 __device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const TileWork& t, const Source& src,
                                               const typename Source::Rows& rows, int tile) {
   using Tr = Traits<HeadDim>;
-  constexpr int kLineChunks = 128 / 16;
-  if ((threadIdx.x % Tr::kChunks) % kLineChunks != 0) return;
   const T* k = static_cast<const T*>(p.attn.k);
   const T* v = static_cast<const T*>(p.attn.v);
-  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int, bool valid, int64_t k_off, int64_t v_off) {
-    if (!valid) return;
+  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int, int chunk, bool valid, int64_t k_off, int64_t v_off) {
+    if (!valid || chunk % Tr::kLineChunks != 0) return;
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k + k_off));
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v + v_off));
   });

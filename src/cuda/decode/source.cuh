@@ -1,7 +1,7 @@
 // Where the decode kernel's K/V rows come from: a contiguous cache or a paged
-// one. Each source gives, for the rows one thread copies in a key tile (one
-// 16-byte column chunk of keys tile * kBlockK + key0 + n * kRowsPerPass), the
-// element offsets in the K and V caches.
+// one. Each source gives, for the rows one thread copies in a key tile (keys
+// tile * kBlockK + key0 + n * kRowsPerPass of its CopyMap), the element offsets
+// of their first column in the K and V caches.
 //
 // NOTES: the two are separate policy types so that each path's per-row work is
 // only its own: a contiguous row is one multiply-add from a base computed once
@@ -20,20 +20,28 @@
 
 namespace flashattn::cuda::decode {
 
-// Offsets of this thread's chunk at head hk, key 0 of a cache row or page.
-struct ChunkBase {
+// Offsets of head hk's key 0 of a cache row or page (a chunk's column is
+// added per copy: for_tile_rows).
+struct HeadBase {
   int64_t k, v;
-  __device__ ChunkBase(const AttentionParams& a, int hk, int chunk)
-      : k(hk * a.k_head_stride + chunk * 8), v(hk * a.v_head_stride + chunk * 8) {}
+  __device__ HeadBase(const AttentionParams& a, int hk) : k(hk * a.k_head_stride), v(hk * a.v_head_stride) {}
 };
 
 // A contiguous cache: sequence b's keys are consecutive rows of cache row
 // cache_batch_idx[b] (b by default); nothing to look up per tile.
+// NOTES (copy maps, measured on the H100 against each other, docs/performance.md
+// 3.6): a contiguous cache copies whole rows per run of threads (16 threads a
+// row at head dim 128, one chunk of each of 8 rows a thread), a paged cache
+// 128-byte lines (8 threads a line, both lines of 4 rows a thread): the paged
+// source then translates and checks half the rows per thread, and read 1-10%
+// more (batch 1 x 4k, 64-token pages: +10%); the contiguous cache, whose row
+// is one multiply-add, read ~1% less with lines.
 template <int HeadDim>
 struct ContiguousKv {
+  using Map = CopyMap<HeadDim, Traits<HeadDim>::kChunks>;
   struct Rows {};
   static constexpr bool kAddressesAhead = true;  // any tile's rows, without a lookup
-  int64_t k0, v0;        // this thread's chunk of key 0
+  int64_t k0, v0;        // key 0
   int64_t k_row, v_row;  // one key further
   bool ok;               // the cache row is in range
 
@@ -41,7 +49,7 @@ struct ContiguousKv {
     const AttentionParams& a = p.attn;
     const int64_t row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[t.b] : t.b;
     ok = row >= 0 && row < p.cache_rows;
-    const ChunkBase base(a, t.hk, threadIdx.x % Traits<HeadDim>::kChunks);
+    const HeadBase base(a, t.hk);
     k0 = row * a.k_batch_stride + base.k;
     v0 = row * a.v_batch_stride + base.v;
     k_row = a.k_row_stride;
@@ -69,13 +77,14 @@ struct ContiguousKv {
 template <int HeadDim>
 struct PagedKv {
   using Tr = Traits<HeadDim>;
+  using Map = CopyMap<HeadDim, Tr::kLineChunks>;
   struct Rows {
-    int page[Tr::kRowsPerThread];  // as the block table says, or -1 past the keys
+    int page[Map::kRowsPerThread];  // as the block table says, or -1 past the keys
   };
   // A tile's rows are known a tile after its table entries are requested.
   static constexpr bool kAddressesAhead = false;
   const int32_t* table;  // sequence b's row of the block table
-  ChunkBase base;
+  HeadBase base;
   int64_t k_page, v_page, k_row, v_row;
   int64_t pages;         // pool size
   int block_size, shift, keys, key0;
@@ -84,7 +93,7 @@ struct PagedKv {
 
   __device__ PagedKv(const KvCacheParams& p, const Work& w, const TileWork& t)
       : table(p.block_table + t.b * p.block_table_stride),
-        base(p.attn, t.hk, threadIdx.x % Tr::kChunks),
+        base(p.attn, t.hk),
         k_page(p.attn.k_batch_stride),
         v_page(p.attn.v_batch_stride),
         k_row(p.attn.k_row_stride),
@@ -93,7 +102,7 @@ struct PagedKv {
         block_size(p.block_size),
         shift(w.page_shift),
         keys(t.keys),
-        key0(threadIdx.x / Tr::kChunks),
+        key0(Map::key0()),
         whole_tiles(p.block_size % Tr::kBlockK == 0) {}
 
   __device__ bool indices_ok() const { return true; }
@@ -103,8 +112,8 @@ struct PagedKv {
     const int first = tile * Tr::kBlockK;
     const int whole = whole_tiles && first < keys ? table[page_of(first)] : -1;
 #pragma unroll
-    for (int n = 0; n < Tr::kRowsPerThread; ++n) {
-      const int j = first + key0 + n * Tr::kRowsPerPass;
+    for (int n = 0; n < Map::kRowsPerThread; ++n) {
+      const int j = first + key0 + n * Map::kRowsPerPass;
       rows.page[n] = j >= keys ? -1 : (whole_tiles ? whole : table[page_of(j)]);
     }
   }
