@@ -52,11 +52,27 @@ struct Traits {
   static constexpr int kOTiles = kColumns / 16;              // mma m-tiles of O^T (16 columns each)
   static constexpr int kRowTiles = kMaxRows / 8;             // mma n-tiles of packed rows (8 each)
   static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of K Q^T
-  static constexpr int kRowElems = HeadDim + 8;  // 16 bytes of padding: conflict-free ldmatrix / LDS
+  // NOTES (ring layout): a K/V row is stored unpadded, its 16-byte chunk c at
+  // chunk c ^ (row % 8) (ring_elem), the ring 128-byte aligned. The eight rows
+  // an ldmatrix reads (eight consecutive rows from a multiple of 8, one chunk
+  // each) fall in eight different 16-byte bank groups, and each 32-byte
+  // sector a copy brings lands in one aligned 32-byte block of shared memory.
+  // Rows padded by 16 bytes (the layout before) kept ldmatrix conflict-free
+  // too, but split every other row's sectors across two blocks: per warp
+  // copy of 512 bytes the L2 then served 24 sector requests instead of 16, and
+  // a stream of such copies read 2.93-2.95 TB/s against 3.13
+  // (bench/probes/cp_async_maps.cu, H100; docs/performance.md 3.6).
+  static constexpr int kRowElems = HeadDim;
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
+  static constexpr int kBlockElems = kBlockK * kRowElems;          // a stage's K (then V) block
+  // Element offset of 16-byte chunk `chunk` of ring row `row` (a K or V block).
+  __device__ __forceinline__ static int ring_elem(int row, int chunk) {
+    return row * kRowElems + ((chunk ^ (row % 8)) * 8);
+  }
+  static constexpr int kQRowElems = HeadDim + 8;  // q rows: 16 bytes of padding, conflict-free LDS
   static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
   static constexpr int kLineChunks = kChunks < 8 ? kChunks : 8;  // chunks per 128-byte line of a row
-  static constexpr int kQBytes = kMaxRows * kRowElems * 2;
+  static constexpr int kQBytes = kMaxRows * kQRowElems * 2;
   // The end-of-CTA merge reuses the drained ring: O of every slice, the
   // slices' (m, l), their merge weights and each row's lse.
   // NOTES: a lane stores its O^T fragments one float at a time: rows 2tq (+1)
@@ -95,7 +111,11 @@ struct Ring {
   static constexpr int kFit = RingBytes / Tr::kStageBytes;
   static constexpr int kStages = kFit < kMinStages ? kMinStages : (kFit > kMaxStages ? kMaxStages : kFit);
   static constexpr int kBytes = kStages * Tr::kStageBytes;
-  static constexpr int kSmemBytes = kBytes + Tr::kQBytes;
+  // The ring, the q rows, then the merge's word of rows with a non-finite
+  // value (no static shared memory: the ring starts the block's shared memory,
+  // 128-byte aligned).
+  static constexpr int kFlagOffset = kBytes + Tr::kQBytes;
+  static constexpr int kSmemBytes = kFlagOffset + 16;
   static_assert(Tr::kScratchFloats * 4 <= kBytes, "the slice merge fits the ring");
 };
 

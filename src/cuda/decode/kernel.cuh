@@ -89,9 +89,9 @@ __device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork
   const T* k = static_cast<const T*>(p.attn.k);
   const T* v = static_cast<const T*>(p.attn.v);
   for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int key, int chunk, bool valid, int64_t k_off, int64_t v_off) {
-    T* dst = stage + key * Tr::kRowElems + chunk * 8;
+    T* dst = stage + Tr::ring_elem(key, chunk);
     cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid, policy);
-    cp_async_row_16(smem_addr(dst + Tr::kBlockK * Tr::kRowElems), v + (valid ? v_off : 0), valid, policy);
+    cp_async_row_16(smem_addr(dst + Tr::kBlockElems), v + (valid ? v_off : 0), valid, policy);
   });
 }
 
@@ -149,7 +149,7 @@ __device__ __forceinline__ void load_queries(const KvCacheParams& p, const Work&
     const bool valid = r < t.rows && c < a.head_dim;
     const int pr = valid ? r : 0;
     const T* q = query_row<T>(p, w, t.b, t.query_of(pr), t.head_of(pr));
-    cp_async_16(smem_addr(q_s + r * Tr::kRowElems + c), q + (valid ? c : 0), valid);
+    cp_async_16(smem_addr(q_s + r * Tr::kQRowElems + c), q + (valid ? c : 0), valid);
   }
 }
 
@@ -207,11 +207,11 @@ __device__ __forceinline__ void slice_scores(const KvCacheParams& p, const TileW
   // K rows are A (keys x columns, row-major): ldmatrix.x4, lanes 8m..8m+7
   // addressing keys (m % 2) * 8 + 0..7 at columns (m / 2) * 8 of the k-step,
   // gives a0..a3 of the k-step in one shared load.
-  const T* base = k_s + (slice_key + ((lane / 8) % 2) * 8 + lane % 8) * Tr::kRowElems + (lane / 16) * 8;
+  const int row = slice_key + ((lane / 8) % 2) * 8 + lane % 8;
 #pragma unroll
   for (int ks = 0; ks < Tr::kKSteps; ++ks) {
     uint32_t a[4];
-    ldmatrix_x4(a, smem_addr(base + ks * 16));
+    ldmatrix_x4(a, smem_addr(k_s + Tr::ring_elem(row, 2 * ks + lane / 16)));
 #pragma unroll
     for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
       if (row_tile_used(t, nt)) mma_m16n8k16<T>(acc[ks % 2][nt], a, ws.q[ks][nt][0], ws.q[ks][nt][1]);
@@ -330,11 +330,11 @@ __device__ __forceinline__ void slice_pv(const TileWork& t, const float (&s)[Tra
   const int lane = threadIdx.x % 32;
   // ldmatrix.x4.trans: lanes 8m..8m+7 address keys (m / 2) * 8 + 0..7 at
   // columns c + (m % 2) * 8: a0..a3 of V^T's columns c..c+15.
-  const T* base = v_s + (slice_key + (lane / 16) * 8 + lane % 8) * Tr::kRowElems + column0 + ((lane / 8) % 2) * 8;
+  const int row = slice_key + (lane / 16) * 8 + lane % 8;
 #pragma unroll
   for (int ot = 0; ot < Tr::kOTiles; ++ot) {
     uint32_t a[4];
-    ldmatrix_x4_trans(a, smem_addr(base + ot * 16));
+    ldmatrix_x4_trans(a, smem_addr(v_s + Tr::ring_elem(row, column0 / 8 + 2 * ot + (lane / 8) % 2)));
 #pragma unroll
     for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
       if (row_tile_used(t, nt)) mma_m16n8k16<T>(ws.o[ot][nt], a, pb[nt][0], pb[nt][1]);
@@ -345,14 +345,14 @@ __device__ __forceinline__ void slice_pv(const TileWork& t, const float (&s)[Tra
 // The warps' slices merged through the drained ring, then the rows written: out
 // and lse with one split, else the normalised partial. Returns (to every
 // thread) the rows stored with an Inf or NaN, bit r for packed row r, for
-// fix_rows (nonfinite.cuh); none when `poisoned` (indices out of range: NaN rows
-// by design). NOTES: the merged state of each row and its slices' weights
+// fix_rows (nonfinite.cuh), gathered in the shared word *nonfinite_rows; none
+// when `poisoned` (indices out of range: NaN rows by design). NOTES: the merged state of each row and its slices' weights
 // (merge_weight) are computed once per row, so an element is a weighted sum of
 // its slices' O.
 template <typename T, int HeadDim>
 __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Work& w, const TileWork& t,
                                            const WarpState<HeadDim>& ws, float* scratch,
-                                           bool poisoned) {
+                                           uint32_t* nonfinite_rows, bool poisoned) {
   using Tr = Traits<HeadDim>;
   const AttentionParams& a = p.attn;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -361,8 +361,7 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
   float* ml_s = o_s + Tr::kKeySlices * kMaxRows * Tr::kMergeRowFloats;  // [slice][row][m, l]
   float* weight_s = ml_s + Tr::kKeySlices * kMaxRows * 2;          // [slice][row]
   float* lse_s = weight_s + Tr::kKeySlices * kMaxRows;             // [row]
-  __shared__ uint32_t nonfinite_rows;
-  if (threadIdx.x == 0) nonfinite_rows = 0;
+  if (threadIdx.x == 0) *nonfinite_rows = 0;
 #pragma unroll
   for (int ot = 0; ot < Tr::kOTiles; ++ot) {
 #pragma unroll
@@ -423,9 +422,9 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
     }
   }
   found = __reduce_or_sync(0xffffffffu, found);
-  if (lane == 0 && found != 0 && !poisoned) atomicOr(&nonfinite_rows, found);
+  if (lane == 0 && found != 0 && !poisoned) atomicOr(nonfinite_rows, found);
   __syncthreads();  // also orders the stores above before fix_rows' stores
-  return nonfinite_rows;
+  return *nonfinite_rows;
 }
 
 // Q^T as the warp's mma B fragments, O zero, the softmax state empty, the rows' slopes.
@@ -439,7 +438,7 @@ __device__ __forceinline__ void init_warp(const AttentionParams& a, const TileWo
 #pragma unroll
     for (int nt = 0; nt < Tr::kRowTiles; ++nt) {
       // b0, b1 = Q^T[columns 2tq.. (+8)][row g] = Q[row g][columns 2tq.. (+8)]
-      const T* q = q_s + (nt * 8 + g) * Tr::kRowElems + ks * 16 + 2 * tq;
+      const T* q = q_s + (nt * 8 + g) * Tr::kQRowElems + ks * 16 + 2 * tq;
       ws.q[ks][nt][0] = lds32(q);
       ws.q[ks][nt][1] = lds32(q + 8);
     }
@@ -483,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
   using Tr = Traits<HeadDim>;
   using Src = Source<HeadDim>;
   constexpr int kStages = Ring<HeadDim, RingBytes>::kStages;
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t smem[];
   T* ring = reinterpret_cast<T*>(smem);
   T* q_s = reinterpret_cast<T*>(smem + Ring<HeadDim, RingBytes>::kBytes);
   if constexpr (Src::kAddressesAhead && griddepcontrol_compiled()) {
@@ -543,11 +542,12 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
     float s[Tr::kRowTiles][4];
     slice_scores<T, HeadDim>(p, t, key0, k_s, ws, s);
     slice_softmax<HeadDim>(t, s, ws);
-    slice_pv<T, HeadDim>(t, s, slice * Tr::kSliceKeys, column0, k_s + Tr::kBlockK * Tr::kRowElems, ws);
+    slice_pv<T, HeadDim>(t, s, slice * Tr::kSliceKeys, column0, k_s + Tr::kBlockElems, ws);
   }
   cp_async_wait<0>();
   const bool poisoned = __syncthreads_or(!readable || src.saw_bad_index());
-  const uint32_t nonfinite_rows = write_rows<T, HeadDim>(p, w, t, ws, reinterpret_cast<float*>(smem), poisoned);
+  uint32_t* flag = reinterpret_cast<uint32_t*>(smem + Ring<HeadDim, RingBytes>::kFlagOffset);
+  const uint32_t nonfinite_rows = write_rows<T, HeadDim>(p, w, t, ws, reinterpret_cast<float*>(smem), flag, poisoned);
   if (nonfinite_rows != 0) fix_rows<T>(p, w, Tr::kBlockK, nonfinite_rows);  // rare
 }
 

@@ -10,14 +10,14 @@ constexpr int kThreads = 128;
 // GQA groups of up to 8 at seqlen_q 2 fit one tile, so K/V are read once per group.
 constexpr int kMaxRows = 16;
 // Shared memory a CTA's K/V ring may take: three 64-key stages at head dim 128
-// (34 KiB each; two in flight while one is read), and two such CTAs per SM fit
+// (32 KiB each; two in flight while one is read), and two such CTAs per SM fit
 // the 228 KiB of an H100 SM: ~136 KiB in flight per SM, several times what
 // HBM latency (~1 us) x per-SM bandwidth (3 TB/s / 132 = 23 GB/s) asks for.
 constexpr int kRingBytes = 102 * 1024;
 // The ring on GPUs whose blocks may not take kRingBytes' ring (sm_86 / sm_89:
 // RTX 30 / 40, A10, L4, L40 allow ~99 KiB a block and 100 KiB an SM) or whose
 // SMs hold two CTAs of this one but one of that (the A100's 164 KiB; split.h's
-// choose_ring): two 34 KiB stages at head dims 128 and 256, three 18 KiB ones at
+// choose_ring): two 32 KiB stages at head dims 128 and 256, four 16 KiB ones at
 // 64, so a CTA (ring + q) stays under 80 KiB. Reasoned, not measured (no such
 // GPU here): those GPUs read less per SM than the H100, so one stage in flight
 // per CTA covers their memory latency if it covers the H100's; on the H100
@@ -25,7 +25,8 @@ constexpr int kRingBytes = 102 * 1024;
 // (docs/inference.md).
 constexpr int kSmallRingBytes = 68 * 1024;
 // Pipeline depth bounds: at least double buffering; at most five stages, what
-// head dim 64's 18 KiB stages fill the ring with (the other buckets' 34 KiB
+// head dim 64's 18 KiB stages of padded rows filled the ring with when this was
+// measured (its 16 KiB stages since would fit six; the other buckets' 32 KiB
 // stages fit three). Measured on the H100 (docs/performance.md 3.6): five
 // stages at d64 against four read 1.15-1.27x at batch 64 x 4k-16k, 1.02 at
 // 128 x 8k, level at batch 1-16.
@@ -77,7 +78,7 @@ constexpr float kRescaleSlack = 8.0f;
 constexpr int kForwardMinQueryRows = 64;
 
 // Keys per K/V tile: 64 rows of up to 128 columns, 32 rows at head dim 256, so
-// one stage of K and V stays near 34 KiB (a multiple of the 16-key mma slice).
+// one stage of K and V is 32 KiB (a multiple of the 16-key mma slice).
 constexpr int block_keys(int head_dim_bucket) { return head_dim_bucket > 128 ? 32 : 64; }
 
 }  // namespace flashattn::cuda::decode
