@@ -49,9 +49,11 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 // 16 bytes of a K/V row, global -> shared, L1 bypassed, tagged with `policy`;
 // the L2 fetches the 128-byte span around it on a miss (the row's other chunks
 // come with it).
-// NOTES: measured on the H100 (docs/performance.md 3.6): +2-2.5% on the
-// contiguous cache at batch 16-128 and batch 1 x 64k-256k, paged caches level;
-// a 256-byte span measured the same.
+// NOTES: measured on the H100 (docs/performance.md 3.6) with the padded ring
+// before the swizzled one: +2-2.5% on the contiguous cache at batch 16-128 and
+// batch 1 x 64k-256k, paged caches level; a 256-byte span measured the same.
+// With the swizzled ring's aligned sectors the copy probe
+// (bench/probes/cp_async_maps.cu) reads the same with or without it.
 __device__ __forceinline__ void cp_async_row_16(uint32_t dst, const void* src, bool valid, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                "l"(src), "r"(valid ? 16 : 0), "l"(policy));
