@@ -1,9 +1,12 @@
-// The split-KV heuristic (src/cuda/decode/split.h): host arithmetic, tested on the CPU.
+// The split-KV heuristic (src/cuda/decode/split.h) and the ring's chunk layout
+// (src/cuda/decode/ring_layout.h): host arithmetic, tested on the CPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
+#include "cuda/decode/ring_layout.h"
 #include "cuda/decode/split.h"
 
 namespace flashattn::cuda::decode {
@@ -135,6 +138,50 @@ TEST(DecodeSplits, MoreSmsNeverMeanFewerSplits) {
     const int s = choose_splits(shape(2, 4, 32768, 0, sms));
     EXPECT_GE(s, previous) << sms;
     previous = s;
+  }
+}
+
+// Chunks per row of the ring's head-dim buckets (64, 128, 256 two-byte columns).
+constexpr int kRowChunks[] = {8, 16, 32};
+
+TEST(DecodeRing, EachRowIsAPermutationOfItsChunks) {
+  for (int chunks : kRowChunks) {
+    for (int row = 0; row < 64; ++row) {
+      std::vector<int> seen(chunks, 0);
+      for (int c = 0; c < chunks; ++c) {
+        const int at = ring_chunk(row, c);
+        ASSERT_GE(at, 0);
+        ASSERT_LT(at, chunks);
+        ++seen[at];
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), chunks) << "row " << row;
+    }
+  }
+}
+
+TEST(DecodeRing, EightRowsOfAChunkFallInEightBankGroups) {
+  // An ldmatrix phase reads chunk c of rows r0 .. r0 + 7 (r0 a multiple of 8); a
+  // 16-byte chunk at (row, at) lies in bank group (row * chunks + at) % 8.
+  for (int chunks : kRowChunks) {
+    for (int r0 = 0; r0 < 64; r0 += 8) {
+      for (int c = 0; c < chunks; ++c) {
+        std::vector<int> groups;
+        for (int i = 0; i < 8; ++i) groups.push_back(((r0 + i) * chunks + ring_chunk(r0 + i, c)) % 8);
+        std::sort(groups.begin(), groups.end());
+        EXPECT_EQ(std::unique(groups.begin(), groups.end()) - groups.begin(), 8) << "rows " << r0 << ", chunk " << c;
+      }
+    }
+  }
+}
+
+TEST(DecodeRing, ASectorOfARowLandsInOneAlignedBlock) {
+  // Chunks 2k and 2k + 1 of a row are one 32-byte sector of the global row.
+  for (int chunks : kRowChunks) {
+    for (int row = 0; row < 64; ++row) {
+      for (int k = 0; k < chunks / 2; ++k) {
+        EXPECT_EQ(ring_chunk(row, 2 * k) / 2, ring_chunk(row, 2 * k + 1) / 2) << "row " << row << ", sector " << k;
+      }
+    }
   }
 }
 

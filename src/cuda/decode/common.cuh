@@ -14,6 +14,7 @@
 #include "core/kvcache.h"
 #include "core/layout.h"
 #include "cuda/common/convert.h"
+#include "cuda/decode/ring_layout.h"
 #include "cuda/decode/tuning.h"
 
 namespace flashattn::cuda::decode {
@@ -52,22 +53,19 @@ struct Traits {
   static constexpr int kOTiles = kColumns / 16;              // mma m-tiles of O^T (16 columns each)
   static constexpr int kRowTiles = kMaxRows / 8;             // mma n-tiles of packed rows (8 each)
   static constexpr int kKSteps = HeadDim / 16;               // mma k-steps of K Q^T
-  // NOTES (ring layout): a K/V row is stored unpadded, its 16-byte chunk c at
-  // chunk c ^ (row % 8) (ring_elem), the ring 128-byte aligned. The eight rows
-  // an ldmatrix reads (eight consecutive rows from a multiple of 8, one chunk
-  // each) fall in eight different 16-byte bank groups, and each 32-byte
-  // sector a copy brings lands in one aligned 32-byte block of shared memory.
-  // Rows padded by 16 bytes (the layout before) kept ldmatrix conflict-free
-  // too, but split every other row's sectors across two blocks: per warp
-  // copy of 512 bytes the L2 then served 24 sector requests instead of 16, and
-  // a stream of such copies read 2.93-2.95 TB/s against 3.13
+  // NOTES (ring layout): K/V rows unpadded, their 16-byte chunks swizzled by
+  // row (ring_layout.h), the ring 128-byte aligned. Rows padded by 16 bytes
+  // (the layout before) kept ldmatrix conflict-free too, but split every other
+  // row's 32-byte sectors across two blocks of shared memory: per warp copy of
+  // 512 bytes the L2 then served 24 sector requests instead of 16, and a
+  // stream of such copies read 2.93-2.95 TB/s against 3.13
   // (bench/probes/cp_async_maps.cu, H100; docs/performance.md 3.6).
   static constexpr int kRowElems = HeadDim;
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
   static constexpr int kBlockElems = kBlockK * kRowElems;          // a stage's K (then V) block
   // Element offset of 16-byte chunk `chunk` of ring row `row` (a K or V block).
   __device__ __forceinline__ static int ring_elem(int row, int chunk) {
-    return row * kRowElems + ((chunk ^ (row % 8)) * 8);
+    return row * kRowElems + ring_chunk(row, chunk) * 8;
   }
   static constexpr int kQRowElems = HeadDim + 8;  // q rows: 16 bytes of padding, conflict-free LDS
   static constexpr int kChunks = HeadDim / 8;  // 16-byte chunks per row
