@@ -58,7 +58,7 @@ struct Traits {
   // (the layout before) kept ldmatrix conflict-free too, but split every other
   // row's 32-byte sectors across two blocks of shared memory: per warp copy of
   // 512 bytes the L2 then served 24 sector requests instead of 16, and a
-  // stream of such copies read 2.93-2.95 TB/s against 3.13
+  // stream of such copies read 2.91-2.96 TB/s against 3.11-3.14
   // (bench/probes/cp_async_maps.cu, H100; docs/performance.md 3.6).
   static constexpr int kRowElems = HeadDim;
   static constexpr int kStageBytes = 2 * kBlockK * kRowElems * 2;  // K and V, 16-bit
