@@ -348,9 +348,9 @@ __device__ __forceinline__ void slice_pv(const TileWork& t, const float (&s)[Tra
 // and lse with one split, else the normalised partial. Returns (to every
 // thread) the rows stored with an Inf or NaN, bit r for packed row r, for
 // fix_rows (nonfinite.cuh), gathered in the shared word *nonfinite_rows; none
-// when `poisoned` (indices out of range: NaN rows by design). NOTES: the merged state of each row and its slices' weights
-// (merge_weight) are computed once per row, so an element is a weighted sum of
-// its slices' O.
+// when `poisoned` (indices out of range: NaN rows by design). NOTES: the
+// merged state of each row and its slices' weights (merge_weight) are computed
+// once per row, so an element is a weighted sum of its slices' O.
 template <typename T, int HeadDim>
 __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Work& w, const TileWork& t,
                                            const WarpState<HeadDim>& ws, float* scratch,

@@ -29,8 +29,8 @@ struct HeadBase {
 
 // A contiguous cache: sequence b's keys are consecutive rows of cache row
 // cache_batch_idx[b] (b by default); nothing to look up per tile.
-// NOTES (copy maps, measured on the H100 against each other, docs/performance.md
-// 3.6): a contiguous cache copies whole rows per run of threads (16 threads a
+// NOTES (copy maps, measured on the H100 against each other with the padded
+// ring before the swizzled one, docs/performance.md 3.6): a contiguous cache copies whole rows per run of threads (16 threads a
 // row at head dim 128, one chunk of each of 8 rows a thread), a paged cache
 // 128-byte lines (8 threads a line, both lines of 4 rows a thread): the paged
 // source then translates and checks half the rows per thread, and read 1-10%
