@@ -19,7 +19,7 @@
 //   has that parity and which needs exactly that call's queries (its e' is
 //   g' % 2). One Philox call per 8 elements (the forward: 16; the other half
 //   of each call is the other warp's 16 keys of the 32-key block), one
-//   shuffle per 4 query blocks (transposed_keep_bits).
+//   shuffle per 4 query blocks (transposed_keep_bits), a word's calls unrolled.
 #pragma once
 
 #include <cstdint>
@@ -143,9 +143,13 @@ __device__ __forceinline__ TransposedKeep<K> transposed_keep_bits(const Dropout&
 #pragma unroll
   for (int w = 0; w < Keep::kWords; ++w) {
     uint32_t own = 0, send = 0;
-    // NOTES: one Philox call at a time (rolled), as the sm80 kernels: the
-    // consumer's S^T and dP^T accumulators are live around it.
-#pragma unroll 1
+    // NOTES: the word's calls unrolled, so their rounds interleave: a call
+    // is a chain of 7 dependent multiply rounds, and one at a time (rolled)
+    // the consumers stalled on each round's latency (ncu: the calls were
+    // most of the dropout kernel's extra stall samples). Unrolled, d 128's
+    // forward + backward with dropout ran 4-6% faster and its spill fell
+    // from 60 to 28 bytes (docs/variants.md, "Dropout's cost").
+#pragma unroll
     for (int b = 0; b < kBlocksPerWord && w * kBlocksPerWord + b < Keep::kBlocks; ++b) {
       const uint32_t f = d.fragment(bh, rb0 + w * kBlocksPerWord + b, call_g, kb, call_t);
       own |= gather_block_bits(f, own_shift) << (Keep::kBitsPerBlock * b);
