@@ -2,10 +2,13 @@
 // the keep bits of the S^T fragment, the forward's mask regenerated from the
 // coordinates), z = keep / (1 - p8):
 //   dV += (P z)^T dO      dS^T = P^T (z dP^T - D)
-// P^T itself stays in the consumer's S^T registers (dS needs it where z is
-// 0); the A fragments of dV's product take P^T keep as they are packed (the
-// factor 1 / (1 - p8) multiplies dV once, after the walk), and dP^T is
-// multiplied by z in place before dS^T.
+// The factor 1 / (1 - p8) is folded into each row's lse and D by the
+// producer (producer.cuh, load_row_stats), so the consumer's P^T is already
+// P^T / (1 - p8) and its D is D (1 - p8): the A fragments of dV's product
+// take that P^T times keep as they are packed, and dS^T = P^T (keep dP^T -
+// D) with the kernel's own code (softcap's `tanh` still taken back from P
+// and lse, whose shifts cancel). P^T itself stays in the consumer's S^T
+// registers (dS needs it where keep is 0).
 #pragma once
 
 #include <cstdint>
@@ -38,25 +41,15 @@ __device__ __forceinline__ void p_frags(const float (&st)[K::kSN / 2], const Tra
   }
 }
 
-// dP^T *= z (with dropout; nothing without).
+// dP^T *= keep (with dropout; nothing without).
 template <class K, class Drop>
-__device__ __forceinline__ void dropout_dp(float (&dpt)[K::kSN / 2], const TransposedKeep<K>& keep_in,
-                                           const AttentionParams& p) {
+__device__ __forceinline__ void dropout_dp(float (&dpt)[K::kSN / 2], const TransposedKeep<K>& keep_in) {
   if constexpr (Drop::kOn) {
     const TransposedKeep<K> keep = keep_in.opaque();
 #pragma unroll
     for (int i = 0; i < K::kSN / 8; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * i + e] *= keep.kept(i, e) ? p.dropout.scale : 0.0f;
-  }
-}
-
-// dV *= 1 / (1 - p8) once, after the walk (with dropout; nothing without).
-template <class K, class Drop>
-__device__ __forceinline__ void dropout_scale_dv(float (&dv)[K::kDvN / 2], const AttentionParams& p) {
-  if constexpr (Drop::kOn) {
-#pragma unroll
-    for (int i = 0; i < K::kDvN / 2; ++i) dv[i] *= p.dropout.scale;
+      for (int e = 0; e < 4; ++e) dpt[4 * i + e] = keep.kept(i, e) ? dpt[4 * i + e] : 0.0f;
   }
 }
 

@@ -86,7 +86,7 @@ __device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUt
       reduce_dq<K, Walk>(&tma_dq, p, ws, cta, tiles, lane, bq, row_q0);
       return;
     }
-    produce<K, Walk>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, tiles, sm, warp, lane, bq, row_q0);
+    produce<K, Drop, Walk>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, tiles, sm, warp, lane, bq, row_q0);
   } else {
     setmaxnreg_inc<K::Tune::kConsumerRegs>();
     consume<K, T, Drop, Walk>(p, ws, cta, tiles, sm, wg - 1);

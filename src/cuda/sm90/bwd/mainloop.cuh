@@ -304,7 +304,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    dropout_dp<K, Drop>(dpt, keep, p);
+    dropout_dp<K, Drop>(dpt, keep);
     if (softcap) {
       ds_scores_softcap<K>(dpt, st, op.d_base + row_off, op.lse_base + row_off, ws.inv_softcap_log2);
     } else {
@@ -366,7 +366,6 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     }
   }
 
-  dropout_scale_dv<K, Drop>(dv, p);
   store_dk_dv<K, T>(dk, dv, p, cta, th, ws.row_d, nonfinite::pairs_of<K::kBlockM, K::kBlockN>(tiles));
 }
 

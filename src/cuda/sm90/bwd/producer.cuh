@@ -15,6 +15,7 @@
 
 #include <cmath>
 
+#include "attention/math.h"
 #include "core/layout.h"
 #include "core/numeric.h"
 #include "core/params.h"
@@ -55,8 +56,11 @@ __device__ __forceinline__ void load_query_tile(const CUtensorMap* tma_q, const 
 
 // lse in the log2 domain (+inf for rows that see no key and rows past the
 // sequence: P = 0 there) and D of the rows q0.. of head h into stage s, one row
-// per lane and step.
-template <class K>
+// per lane and step. With dropout the factor z = 1 / (1 - p8) goes in here:
+// lse2 - log2 z makes the consumers' P z, and D z^-1 with it gives
+//   P z (keep dP - D / z) = P (z keep dP - D) = dS
+// (bwd/dropout.cuh), so no multiply by z is left per element or on dV.
+template <class K, class Drop>
 __device__ __forceinline__ void load_row_stats(const AttentionParams& p, const bwd::Workspace& ws,
                                                const BwdCta& cta, const BwdSmem<K>& sm, int s, int q0, int h,
                                                int lane) {
@@ -69,6 +73,10 @@ __device__ __forceinline__ void load_row_stats(const AttentionParams& p, const b
       const float lse = p.lse[lse_offset(p, cta.b, cta.seq.row_q, i, h)];
       lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
       dd = ws.row_d[static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + i];
+      if constexpr (Drop::kOn) {
+        lse2 -= fast_log2(p.dropout.scale);
+        dd *= 1.0f / p.dropout.scale;
+      }
     }
     sm.lse[s * kBlockM + r] = lse2;
     sm.d[s * kBlockM + r] = dd;
@@ -81,7 +89,7 @@ __device__ __forceinline__ void load_row_stats(const AttentionParams& p, const b
 // NOTES: the warp test is made here, not by the caller: there, lane's only
 // use would have been this call, and the compiler moved its computation past
 // the test (different SASS at d 256).
-template <class K, class Walk>
+template <class K, class Drop, class Walk>
 __device__ __forceinline__ void produce(const CUtensorMap* tma_q, const CUtensorMap* tma_do,
                                         const CUtensorMap* tma_k, const CUtensorMap* tma_v,
                                         const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
@@ -102,7 +110,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tma_q, const CUtensor
     const int q0 = m * K::kBlockM;
     mbar_wait(&sm.empty[s], ph ^ 1);
     if (lane == 0) load_query_tile<K>(tma_q, tma_do, sm, s, row_q0 + q0, h, bq);
-    load_row_stats<K>(p, ws, cta, sm, s, q0, h, lane);
+    load_row_stats<K, Drop>(p, ws, cta, sm, s, q0, h, lane);
     mbar_arrive(&sm.full[s]);  // release: the stores above are visible to the waiters
   }
 }
