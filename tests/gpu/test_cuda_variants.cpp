@@ -19,6 +19,9 @@
 #include "common/harness.h"
 #include "common/suites.h"
 #include "common/variants_check.h"
+#include "core/extras.h"
+#include "core/validate.h"
+#include "cuda/sm90/bwd/api.h"
 #include "device.h"
 #include "forward_check.h"
 #include "variants_run.h"
@@ -59,6 +62,78 @@ TEST_P(CudaVariants, BackwardMatchesFloat64Reference) {
   VariantRun r;
   ASSERT_TRUE(run_cuda(p, true, r));
   expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+}
+
+// Softcap with ALiBi: the Hopper backward's kernel of SoftcapAlibiMods takes
+// the call (supports_backward, on params built as fa_backward_ex builds them),
+// at every backward head dim (96 padded onto 128): tiles on both sides of the
+// diagonal (the bias's linear form) and across it, causal, a window, GQA +
+// varlen, ALiBi per head and per (sequence, head), sinks, a cap small enough
+// that tanh saturates; deterministic once. Against the reference on the
+// default path (the Hopper kernels on a 9.0 GPU).
+TEST(CudaVariantsSoftcapAlibi, HopperBackwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const PathGuard guard(Path::kDefault);
+  uint64_t seed = 5600;
+  std::vector<Case> cases;
+  for (const int d : {64, 96, 128, 256}) {
+    Case c = make_case(d == 128 ? FA_F16 : FA_BF16, 1023, 700, d, seed++);
+    c.softcap = 5.0f;
+    c.alibi = Case::Alibi::kPerHead;
+    cases.push_back(c);
+    c.causal = true;
+    c.softcap = 1.5f;
+    c.alibi = Case::Alibi::kPerBatchHead;
+    c.batch = 2;
+    cases.push_back(c);
+  }
+  Case w = make_case(FA_BF16, 300, 517, 128, seed++);
+  w.window_left = 70;
+  w.window_right = 5;
+  w.softcap = 20.0f;
+  w.alibi = Case::Alibi::kPerHead;
+  w.sinks = true;
+  cases.push_back(w);
+  Case v = make_case(FA_F16, 0, 0, 64, seed++);
+  v.varlen_q = {130, 1, 257, 0, 200};
+  v.varlen_k = {300, 77, 257, 3, 129};
+  v.heads_q = 6;
+  v.heads_kv = 2;
+  v.causal = true;
+  v.softcap = 5.0f;
+  v.alibi = Case::Alibi::kPerBatchHead;
+  cases.push_back(v);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name());
+    const Problem p = make_problem(c);
+    if (device_is_sm90()) {
+      DeviceProblem d(p);
+      DeviceExtras x(p);
+      DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
+      DeviceTensor dq = DeviceTensor::upload(p.poisoned_like_q()), dk = DeviceTensor::upload(p.poisoned_like_k());
+      DeviceTensor dv = DeviceTensor::upload(p.poisoned_like_k());
+      const fa_options o = d.options();
+      const fa_extras bx = x.backward(p);
+      const BackwardArgs args{&d.q.desc, &d.k.desc, &d.v.desc, &out.desc, &d.dout.desc, &lse.desc,
+                              &dq.desc,  &dk.desc,  &dv.desc, d.varlen_ptr(), &o};
+      AttentionParams params;
+      ASSERT_EQ(make_backward_params(args, &params), FA_OK) << fa_last_error();
+      ASSERT_EQ(apply_extras(&bx, d.q.desc, Pass::kBackward, &params), FA_OK) << fa_last_error();
+      EXPECT_TRUE(cuda::sm90::supports_backward(params));
+    }
+    VariantRun r;
+    ASSERT_TRUE(run_cuda(p, true, r));
+    expect_backward_matches(p, r.dq, r.dk, r.dv, r.dsinks);
+    if (c.seqlen_q == 1023 && c.causal && c.head_dim == 64) {
+      Problem det = p;
+      det.options.deterministic = 1;
+      VariantRun a, b;
+      ASSERT_TRUE(run_cuda(det, true, a));
+      ASSERT_TRUE(run_cuda(det, true, b));
+      EXPECT_EQ(a.dq.bytes, b.dq.bytes);
+      expect_backward_matches(det, a.dq, a.dk, a.dv, a.dsinks);
+    }
+  }
 }
 
 // The sinks' gradient is a fixed-order reduction: bitwise the same run to run.

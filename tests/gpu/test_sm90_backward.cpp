@@ -303,7 +303,7 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalOverFiftyRunsAtScale) {
 // fa_backward takes this kernel for f16/bf16 at every head dim (96 on the 128
 // kernel), deterministic or not, softcap or not, unless FLASHATTN_DISABLE_SM90
 // is set, and the result is right, varlen included (deterministic varlen with
-// dropout too); softcap with ALiBi is not this kernel's (sm80 fallback).
+// dropout too); softcap with ALiBi: test_cuda_variants.cpp.
 TEST(Sm90BackwardDispatch, SupportedCasesAndPublicEntry) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7500;

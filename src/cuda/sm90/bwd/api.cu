@@ -20,9 +20,10 @@ bool supports_backward(const AttentionParams& p) {
   // range; with dropout, its PhiloxDropout instantiation; deterministic mode
   // orders the dQ adds along the key tiles that list each query tile.
   // Softcap: exp_scores_softcap / ds_scores_softcap (softmax.cuh), which take
-  // tanh back from P and lse; with ALiBi that would need the bias again: the
-  // sm80 kernel runs softcap + ALiBi.
-  if (p.softcap > 0.0f && p.has_alibi()) return false;
+  // tanh back from P and lse (with ALiBi, less its bias: the kernel of
+  // SoftcapAlibiMods, without dropout or a block mask; those combinations run
+  // on the sm80 kernel).
+  if (p.softcap > 0.0f && p.has_alibi() && (p.has_dropout() || p.has_block_mask())) return false;
   // Sinks need nothing of the main kernel (the lse holds them; their
   // gradient is bwd/sinks.cu's pass); ALiBi is exp_scores_alibi; dropout is
   // the kernel's PhiloxDropout instantiation (bwd/dropout.cuh).

@@ -12,8 +12,8 @@ namespace flashattn::cuda::sm90 {
 
 // True when the device of p is compute capability 9.0 and p is a case this
 // kernel handles (f16/bf16, head dims up to 256 on the kernels of head_dims.h,
-// not softcap with ALiBi, not dropout with seqused_k, not a block mask with
-// varlen or dropout).
+// softcap with ALiBi only without dropout or a block mask, not dropout with
+// seqused_k).
 bool supports_backward(const AttentionParams& p);
 
 // supports_backward(p), unless disabled_by_env() (FLASHATTN_DISABLE_SM90).

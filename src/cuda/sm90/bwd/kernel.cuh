@@ -59,8 +59,8 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<K>& sm) {
 
 // The kernel's body. Drop: NoDropout or PhiloxDropout (cuda/sm90/dropout.cuh);
 // Walk: DenseQueryWalk or ListedQueryWalk (a block mask; scheduler.cuh) with
-// its lists.
-template <int D, typename T, class Drop, class Walk>
+// its lists; Mods: TileMods or SoftcapAlibiMods (softmax.cuh).
+template <int D, typename T, class Drop, class Walk, class Mods = TileMods>
 __device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUtensorMap& tma_dq,
                                              const CUtensorMap& tma_do, const CUtensorMap& tma_k,
                                              const CUtensorMap& tma_v, const AttentionParams& p,
@@ -89,13 +89,14 @@ __device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUt
     produce<K, Drop, Walk>(&tma_q, &tma_do, &tma_k, &tma_v, p, ws, cta, tiles, sm, warp, lane, bq, row_q0);
   } else {
     setmaxnreg_inc<K::Tune::kConsumerRegs>();
-    consume<K, T, Drop, Walk>(p, ws, cta, tiles, sm, wg - 1);
+    consume<K, T, Drop, Walk, Mods>(p, ws, cta, tiles, sm, wg - 1);
   }
 #endif
 }
 
-// The kernel without a block mask (with or without dropout).
-template <int D, typename T, class Drop = NoDropout>
+// The kernel without a block mask (with or without dropout; softcap with
+// ALiBi: SoftcapAlibiMods, without dropout).
+template <int D, typename T, class Drop = NoDropout, class Mods = TileMods>
 __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap tma_q,
                     const __grid_constant__ CUtensorMap tma_dq,
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(BwdTraits<D, T>::kThreads, 1)
                     const __grid_constant__ CUtensorMap tma_k,
                     const __grid_constant__ CUtensorMap tma_v,
                     const __grid_constant__ AttentionParams p, const bwd::Workspace ws) {
-  backward_cta<D, T, Drop, DenseQueryWalk>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, DenseQueryWalk::Tiles{});
+  backward_cta<D, T, Drop, DenseQueryWalk, Mods>(tma_q, tma_dq, tma_do, tma_k, tma_v, p, ws, DenseQueryWalk::Tiles{});
 }
 
 // The kernel of a block mask (with or without dropout): the lists' steps in `tiles`.

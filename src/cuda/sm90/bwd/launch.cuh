@@ -69,8 +69,10 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
       kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws, steps.view());
     }
   } else {
-    // Dropout runs its own instantiation: the plain kernel is the one before it.
+    // Dropout, and softcap with ALiBi (never with dropout here: api.cu), run
+    // their own instantiations: the plain kernel is the one before them.
     auto kernel = p.has_dropout() ? backward_kernel<D, T, PhiloxDropout> : backward_kernel<D, T>;
+    if (p.softcap > 0.0f && p.has_alibi()) kernel = backward_kernel<D, T, NoDropout, SoftcapAlibiMods>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     if (err == cudaSuccess) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws);
   }

@@ -221,7 +221,7 @@ __device__ __forceinline__ void release_stage(float (&dv)[K::kDvN / 2], float (&
 // A consumer warpgroup's walk: dK, dV accumulate over every query tile, then
 // the epilogue writes them. Drop: NoDropout or PhiloxDropout
 // (cuda/sm90/dropout.cuh; bwd/dropout.cuh applies it).
-template <class K, typename T, class Drop, class Walk>
+template <class K, typename T, class Drop, class Walk, class Mods>
 __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Workspace& ws, const BwdCta& cta,
                                         const typename Walk::Tiles& tiles, const BwdSmem<K>& sm, int cw) {
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
@@ -231,7 +231,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
   op.build<K>(sm, th);
   const float scale_log2 = ws.scale_log2;
   const bool alibi = p.has_alibi();
-  const bool softcap = p.softcap > 0.0f;  // never with ALiBi here (api.cu)
+  const bool softcap = p.softcap > 0.0f;
 
   float dk[K::kDvN / 2], dv[K::kDvN / 2];
 #pragma unroll
@@ -276,9 +276,16 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
     } else {
       wgmma_wait<0>();
     }
-    if (alibi) {
+    if (Mods::kSoftcapAlibi || alibi) {
       const AlibiScore alibi2{p.alibi_slope(cta.b, h) * kLog2e, cta.mask.diagonal_offset()};
-      exp_scores_alibi<K>(st, op.lse_base + row_off, scale_log2, alibi2, cta.w.k0 + th.key_r,
+      const auto logit2 = [&] {
+        if constexpr (Mods::kSoftcapAlibi) {
+          return SoftcapLogit2{ws.inv_softcap, ws.softcap_log2};
+        } else {
+          return PlainLogit2{scale_log2};
+        }
+      }();
+      exp_scores_alibi<K>(st, op.lse_base + row_off, logit2, alibi2, cta.w.k0 + th.key_r,
                           q0 + th.q_col + 2 * th.quad, alibi_side<K>(q0, cta.w.k0, alibi2.diagonal_offset));
     } else if (softcap) {
       exp_scores_softcap<K>(st, op.lse_base + row_off, ws.inv_softcap, ws.softcap_log2);
@@ -305,7 +312,20 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const bwd::Wor
       wgmma_wait<0>();
     }
     dropout_dp<K, Drop>(dpt, keep);
-    if (softcap) {
+    if constexpr (Mods::kSoftcapAlibi) {
+      // The bias again, in units of th (softmax.cuh's ds_scores_softcap).
+      const AlibiScore alibi2{p.alibi_slope(cta.b, h) * kLog2e, cta.mask.diagonal_offset()};
+      const int side = alibi_side<K>(q0, cta.w.k0, alibi2.diagonal_offset);
+      const AlibiBias2<K> bias(alibi2, cta.w.k0 + th.key_r, q0 + th.q_col + 2 * th.quad, side,
+                               ws.inv_softcap_log2);
+      if (side != 0) {
+        ds_scores_softcap<K>(dpt, st, op.d_base + row_off, op.lse_base + row_off, ws.inv_softcap_log2,
+                             [&](int i, int e) { return bias.linear(i, e); });
+      } else {
+        ds_scores_softcap<K>(dpt, st, op.d_base + row_off, op.lse_base + row_off, ws.inv_softcap_log2,
+                             [&](int i, int e) { return bias.exact(i, e); });
+      }
+    } else if (softcap) {
       ds_scores_softcap<K>(dpt, st, op.d_base + row_off, op.lse_base + row_off, ws.inv_softcap_log2);
     } else {
       ds_scores<K>(dpt, st, op.d_base + row_off);

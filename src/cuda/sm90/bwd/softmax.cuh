@@ -61,8 +61,65 @@ __device__ __forceinline__ void exp_scores_softcap(float (&st)[K::kSN / 2], uint
   }
 }
 
-// With ALiBi: P^T = exp2(S^T * scale_log2 + bias2(i, j) - lse2), bias2 the
-// ALiBi bias in base 2 (alibi2's slope is slope * log2 e). key0: this
+// Which score modifiers a backward kernel's consumers apply, as a policy type
+// (a template argument of the kernel; launch.cuh picks one per call):
+//   TileMods         per call, at run time: none, softcap, or ALiBi (the kernel
+//                    without a modifier keeps its code)
+//   SoftcapAlibiMods softcap and ALiBi together (a kernel of its own: the bias
+//                    needed again for softcap's derivative, with the other
+//                    paths beside it, spilled 12 bytes in the plain d 64 and
+//                    d 128 kernels)
+struct TileMods {
+  static constexpr bool kSoftcapAlibi = false;
+};
+struct SoftcapAlibiMods {
+  static constexpr bool kSoftcapAlibi = true;
+};
+
+// The base-2 logit of a raw score x, plus c (exp_scores_alibi's): the plain
+// scale (x scale log2e), or softcap's (c log2e tanh(x scale / c); inv_cap =
+// scale / c, cap_log2 = c log2e, bwd::Workspace).
+struct PlainLogit2 {
+  float scale_log2;
+  __device__ __forceinline__ float operator()(float x, float c) const { return fmaf(x, scale_log2, c); }
+};
+struct SoftcapLogit2 {
+  float inv_cap, cap_log2;
+  __device__ __forceinline__ float operator()(float x, float c) const {
+    return fmaf(SoftcapScore::unscaled(x, inv_cap), cap_log2, c);
+  }
+};
+
+// exp_scores_alibi's bias2 again, times `unit`, for ds_scores_softcap with
+// ALiBi (unit = 1 / (c log2e): the bias in units of th); the arguments are
+// exp_scores_alibi's, the linear form off the diagonal as there.
+template <class K>
+struct AlibiBias2 {
+  AlibiScore alibi2;
+  int key0, query0;
+  float unit, step;  // step: -side slope unit (0 across the diagonal)
+  float base[2];     // per key row
+  // NOTES: not used by exp_scores_alibi itself: through this struct the
+  // TileMods kernels with ALiBi spilled 8 bytes more at d 64 (-Xptxas -v).
+  __device__ __forceinline__ AlibiBias2(const AlibiScore& a, int key0_, int query0_, int side, float unit_)
+      : alibi2(a), key0(key0_), query0(query0_), unit(unit_) {
+    const float sslope = static_cast<float>(side) * a.slope;
+    step = -sslope * unit;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      base[r] = sslope * unit * static_cast<float>(key0 + 8 * r - query0 - a.diagonal_offset);
+  }
+  __device__ __forceinline__ float linear(int i, int e) const {
+    return fmaf(step, static_cast<float>(8 * i + (e & 1)), base[e >> 1]);
+  }
+  __device__ __forceinline__ float exact(int i, int e) const {
+    return alibi2.bias<float>(query0 + 8 * i + (e & 1), key0 + 8 * (e >> 1)) * unit;
+  }
+};
+
+// With ALiBi: P^T = exp2(logit2(S^T) + bias2(i, j) - lse2), logit2 a
+// PlainLogit2 or (SoftcapAlibiMods) a SoftcapLogit2, bias2 the ALiBi bias in
+// base 2 (alibi2's slope is slope * log2 e). key0: this
 // thread's first key row (key_r); query0: its first query column
 // (q0 + q_col + 2 * quad), as in consume's element map; side: +1 when every
 // pair of the tile has j <= i + off, -1 when every pair has j >= i + off,
@@ -73,8 +130,8 @@ __device__ __forceinline__ void exp_scores_softcap(float (&st)[K::kSN / 2], uint
 // = base_r - side slope c (c = i - query0, base_r per key row), an FFMA per
 // element instead of the integer distance and its I2F (as the forward's
 // alibi_key_tile).
-template <class K>
-__device__ __forceinline__ void exp_scores_alibi(float (&st)[K::kSN / 2], uint32_t lse_row, float scale_log2,
+template <class K, class Logit2>
+__device__ __forceinline__ void exp_scores_alibi(float (&st)[K::kSN / 2], uint32_t lse_row, const Logit2& logit2,
                                                  const AlibiScore& alibi2, int key0, int query0, int side) {
   fence_operands(st);
   // bias2(i, e) of element e of accumulator tile i, then the exponentials.
@@ -84,7 +141,7 @@ __device__ __forceinline__ void exp_scores_alibi(float (&st)[K::kSN / 2], uint32
       const float2 lse2 = ld_shared_v2(lse_row + 32u * i);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        st[4 * i + e] = fast_exp2(fmaf(st[4 * i + e], scale_log2, bias2(i, e) - ((e & 1) ? lse2.y : lse2.x)));
+        st[4 * i + e] = fast_exp2(logit2(st[4 * i + e], bias2(i, e) - ((e & 1) ? lse2.y : lse2.x)));
     }
   };
   if (side != 0) {
@@ -202,17 +259,23 @@ __device__ __forceinline__ void ds_scores(float (&dpt)[K::kSN / 2], const float 
 
 // With softcap: dS^T = P^T * (dP^T - D) * (1 - th^2), th = tanh(S^T scale / c),
 // the softcapped logit's derivative. th is taken back from P rather than kept
-// from exp_scores_softcap: log2 P = c log2e th - lse2, so
-//   th = (log2 P + lse2) / (c log2e)
+// from exp_scores_softcap: log2 P = c log2e th + bias2 - lse2 (bias2 ALiBi's,
+// else 0), so
+//   th = (log2 P + lse2 - bias2) / (c log2e)
+// bias_th(i, e): bias2 / (c log2e) of element e of tile i (NoBias: 0).
 // NOTES: keeping th beside P (a second kSN / 2 array live across the dP wait)
 // made ptxas serialize the wgmmas (C7512); this costs one lg2 and one lse load
 // a pair instead. th is clamped to [-1, 1]: rounding may step past it, and a
 // P of 0 (masked, underflowed, or a row that sees no key with its +inf lse2)
 // gives -inf or NaN there, which the clamp turns into th = +-1 (factor 0,
 // dS 0, as P is 0). inv_cap_log2 = 1 / (c log2e).
-template <class K>
+struct NoBias {
+  __device__ __forceinline__ float operator()(int, int) const { return 0.0f; }
+};
+template <class K, class BiasTh = NoBias>
 __device__ __forceinline__ void ds_scores_softcap(float (&dpt)[K::kSN / 2], const float (&st)[K::kSN / 2],
-                                                  uint32_t d_row, uint32_t lse_row, float inv_cap_log2) {
+                                                  uint32_t d_row, uint32_t lse_row, float inv_cap_log2,
+                                                  const BiasTh& bias_th = {}) {
   fence_operands(dpt);
 #pragma unroll
   for (int i = 0; i < K::kSN / 8; ++i) {
@@ -223,7 +286,8 @@ __device__ __forceinline__ void ds_scores_softcap(float (&dpt)[K::kSN / 2], cons
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float p = st[4 * i + e];
-      const float th = fminf(fmaxf(fmaf(fast_log2(p), inv_cap_log2, (e & 1) ? lse2.y : lse2.x), -1.0f), 1.0f);
+      const float th =
+          fminf(fmaxf(fmaf(fast_log2(p), inv_cap_log2, ((e & 1) ? lse2.y : lse2.x) - bias_th(i, e)), -1.0f), 1.0f);
       dpt[4 * i + e] = p * (dpt[4 * i + e] - ((e & 1) ? dd.y : dd.x)) * fmaf(-th, th, 1.0f);
     }
   }

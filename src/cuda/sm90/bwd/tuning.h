@@ -45,10 +45,10 @@
 //             its group, as sm80 does), varlen (zero-length sequences
 //             included), fully masked rows (zero gradients),
 //             deterministic mode (ordered TMA dQ adds at d 64/128, ordered
-//             red.global adds at d 256; dq.cuh NOTES).
-//   fallback: softcap with ALiBi (dS needs tanh taken back from P and the
-//             lse, which ALiBi's bias would have to be removed from: api.cu),
-//             other head dims, non-9.0 devices,
+//             red.global adds at d 256; dq.cuh NOTES), softcap, ALiBi and
+//             both (softmax.cuh).
+//   fallback: softcap with ALiBi and dropout or a block mask (no kernel of
+//             SoftcapAlibiMods with those), other head dims, non-9.0 devices,
 //             FLASHATTN_DISABLE_SM90=1.
 #pragma once
 
