@@ -1,6 +1,7 @@
 // The Hopper forward kernel's tile order (src/attention/work_plan.h), on the
 // CPU: every query tile of every (batch, head) pair is dealt exactly once, the
-// groups are as planned, and ranks fall in cost within a group.
+// groups are as planned, and ranks fall in cost within a group; and the
+// deterministic backward's dQ turn order for rotated walks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -238,6 +239,34 @@ TEST(Sm90Schedule, SplitTailCoversEveryKeyTileOnce) {
     }
   }
   EXPECT_GT(split_plans, 20);
+}
+
+// Every query tile's adds form one chain through all n key tiles, in the
+// order the rotated walks meet the tile (by step, then the highest key tile
+// first), and a key tile's predecessor met the tile no later than it did.
+TEST(DqTurns, RotatedTurnsChainEveryKeyTileInTheOrderTheWalksMeetTheTile) {
+  for (int n = 1; n <= 40; ++n) {
+    for (int n_m = 1; n_m <= 40; ++n_m) {
+      for (int m = 0; m < n_m; ++m) {
+        auto step = [&](int k) { return ((m - k) % n_m + n_m) % n_m; };
+        std::vector<int> order(n);
+        for (int k = 0; k < n; ++k) order[k] = k;
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+          return step(a) != step(b) ? step(a) < step(b) : a > b;
+        });
+        for (int i = 0; i < n; ++i) {
+          const int k = order[i];
+          const DqTurn turn = rotated_dq_turn(k, k % n_m, n, n_m);
+          const int before = step(k) >= turn.from_step ? turn.before : -1;
+          ASSERT_EQ(before, i == 0 ? -1 : order[i - 1]) << "n " << n << " n_m " << n_m << " m " << m << " k " << k;
+          if (before >= 0) {
+            EXPECT_LE(step(before), step(k));
+            if (step(before) == step(k)) EXPECT_GT(before, k);
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 //                (split-KV decoding, ring attention's shards, the split tail)
 //   TileOrder    which query tile each persistent CTA takes in each round
 //   SplitTail    the last round's tiles cut along the keys over all CTAs
+//   DqTurn       the deterministic backward's order of dQ adds into a
+//                query tile when its key tiles walk rotated
 //
 // NOTES: the persistent walk. Rank t goes to CTA c in round r (rank_of);
 // rank -> query tile (tile_of_rank) in one of three orders:
@@ -281,6 +283,41 @@ inline SplitTail plan_split_tail(int num_tiles, int grid, int key_tiles, bool un
     if (parts > s.max_parts) s.max_parts = parts;
   }
   return s;
+}
+
+// The deterministic backward's dQ turns: which key tile adds into a query
+// tile right before key tile k, and from which step of k's walk there is one.
+// A key tile walks one head's n_m query tiles; before == -1: never.
+struct DqTurn {
+  int before = -1;
+  int from_step = 0;
+};
+
+// The turns when the n key tiles of a head walk rotated (the Hopper backward,
+// cuda/sm90/bwd/scheduler.cuh): every key tile sees all n_m query tiles, key
+// tile k walks them from query tile k mod n_m on, so it meets query tile m at
+// step s = (m - k) mod n_m. The adds into m go in the order the key tiles
+// meet it: by step, and within one step (key tiles k, k + n_m, ... when
+// n > n_m) from the highest key tile down. The key tile before k at m is
+//   k + n_m                when k + n_m < n (the next higher one of step s);
+//   (k + 1) mod n_m        otherwise, the lowest one of step s - 1, if s > 0
+//                          and that key tile exists;
+//   0                      otherwise (k = n - 1 < n_m - 1: steps s - 1 ..
+//                          s - (n_m - 1 - k) hold none) if s >= n_m - k;
+// none otherwise: k adds first. One turn per key tile, from a step on.
+// NOTES: in this order a key tile's predecessor met m one step before it (or
+// at the same step), so key tiles running side by side add in step: a handoff
+// waits about one step at most. With one fixed order for every query tile
+// (highest key tile first, the walks unrotated) the CTAs of a head fall a
+// handoff further apart per key tile: the lowest waits n - 1 handoffs. The
+// cost: a turn may wait on a key tile dispatched later, so this order needs
+// all n key tiles of a head resident at once.
+// rot = k mod n_m, the walk's rotation (the kernel holds it; no division).
+FA_HOST_DEVICE DqTurn rotated_dq_turn(int k, int rot, int n, int n_m) {
+  if (k + n_m < n) return DqTurn{k + n_m, 0};
+  const int j = rot + 1 < n_m ? rot + 1 : 0;  // (k + 1) mod n_m
+  if (j < n) return DqTurn{j, 1};
+  return DqTurn{0, n_m - k};
 }
 
 }  // namespace flashattn

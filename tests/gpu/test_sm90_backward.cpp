@@ -28,8 +28,10 @@ namespace {
 
 enum class Path { kSm90Direct, kPublicApi };
 
+// max_ctas > 0 (kSm90Direct): the co-resident CTAs the launcher may count
+// on, which in deterministic mode picks the dQ turn order (sm90/bwd/launch.cuh).
 ::testing::AssertionResult run_backward(const Problem& p, Path path, bool deterministic, Grads* g,
-                                        bool* supported = nullptr) {
+                                        bool* supported = nullptr, int max_ctas = 0) {
   HostTensor out_h, lse_h;
   if (auto r = cpu_forward(p, &out_h, &lse_h); !r) return r;
   DeviceProblem d(p);
@@ -45,6 +47,7 @@ enum class Path { kSm90Direct, kPublicApi };
   if (make_backward_params(args, &params) != FA_OK)
     return ::testing::AssertionFailure() << "params: " << fa_last_error();
   if (supported != nullptr) *supported = cuda::sm90::supports_backward(params);
+  params.max_ctas = max_ctas;
   fa_status s;
   DeviceMemory ws_mem;
   if (path == Path::kSm90Direct) {
@@ -198,7 +201,10 @@ TEST(Sm90BackwardStability, DkDvBitwiseAcrossRuns) {
 }
 
 // Deterministic mode (fixed-length batches): the same bits over repeated runs,
-// dq included, and right.
+// dq included, and right. Without a mask in both turn orders: the key tiles'
+// walks rotated (every key tile of a head resident) and not (max_ctas 1);
+// 1500 keys against 100 queries make several key tiles meet a query tile at
+// the same step of their walks.
 TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
   FA_REQUIRE_SM90();
   uint64_t seed = 7800;
@@ -211,31 +217,39 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
   c = make_case(FA_F16, 1029, 777, 128, seed++);
   c.batch = 2;
   cases.push_back(c);
+  c = make_case(FA_BF16, 100, 1500, 64, seed++);
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  cases.push_back(c);
   c = make_case(FA_BF16, 600, 300, 128, seed++);
   c.heads_q = 3;
   c.heads_kv = 1;
   c.window_left = 100;
   c.window_right = 20;
   cases.push_back(c);
-  // The first two at d 256 (split-d: the consumers' red.global adds, ordered
+  // The first three at d 256 (split-d: the consumers' red.global adds, ordered
   // per query tile).
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     Case d256 = cases[i];
     d256.head_dim = 256;
     cases.push_back(d256);
   }
   for (const Case& cs : cases) {
     const Problem p = make_problem(cs);
-    Grads first;
-    ASSERT_TRUE(run_backward(p, Path::kSm90Direct, true, &first));
-    SCOPED_TRACE(cs.name());
-    expect_matches_reference(p, first);
-    for (int run = 1; run < 5; ++run) {
-      Grads g;
-      ASSERT_TRUE(run_backward(p, Path::kSm90Direct, true, &g));
-      EXPECT_EQ(g.dq.bytes, first.dq.bytes) << "run " << run;
-      EXPECT_EQ(g.dk.bytes, first.dk.bytes) << "run " << run;
-      EXPECT_EQ(g.dv.bytes, first.dv.bytes) << "run " << run;
+    const bool unmasked = !cs.causal && cs.window_left < 0 && cs.window_right < 0;
+    for (const int max_ctas : {0, 1}) {
+      if (max_ctas > 0 && !unmasked) continue;
+      SCOPED_TRACE(cs.name() + " max_ctas " + std::to_string(max_ctas));
+      Grads first;
+      ASSERT_TRUE(run_backward(p, Path::kSm90Direct, true, &first, nullptr, max_ctas));
+      expect_matches_reference(p, first);
+      for (int run = 1; run < 5; ++run) {
+        Grads g;
+        ASSERT_TRUE(run_backward(p, Path::kSm90Direct, true, &g, nullptr, max_ctas));
+        EXPECT_EQ(g.dq.bytes, first.dq.bytes) << "run " << run;
+        EXPECT_EQ(g.dk.bytes, first.dk.bytes) << "run " << run;
+        EXPECT_EQ(g.dv.bytes, first.dv.bytes) << "run " << run;
+      }
     }
   }
 }

@@ -30,6 +30,10 @@ struct Workspace {
   float inv_softcap = 0.0f;
   float softcap_log2 = 0.0f;
   float inv_softcap_log2 = 0.0f;
+  // Deterministic mode, set by the Hopper launcher: 1 when every key tile of
+  // a head runs at once, so the dQ turns may follow the rotated walks
+  // (attention/work_plan.h, rotated_dq_turn_before); 0: highest key tile first.
+  int rotated_turns = 0;
 
   // Deterministic mode: the counter of query tile m of (sequence b, query head h).
   FA_HOST_DEVICE int* dq_semaphore(const AttentionParams& p, int b, int h, int m) const {

@@ -20,13 +20,15 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v) {
 // Called by one thread: returns once key tile n_tile + 1 has published its
 // adds into query tile m, or at once if that key tile does not see m (or does
 // not exist); the caller then passes the acquire on (barrier, proxy fence).
+// Called by one thread: returns once key tile n has published its adds.
+__device__ __forceinline__ void wait_dq_published(const int* sem, int n) {
+  while (ld_acquire_gpu(sem) != n + 1) {
+  }
+}
 __device__ __forceinline__ void wait_dq_turn(const int* sem, const MaskPolicy& mask, int m, int n_tile,
                                              int block_m, int block_n, int seqlen_k) {
   const int n_next = n_tile + 1;
-  if (n_next * block_n < seqlen_k && mask.query_begin(n_next * block_n) / block_m <= m) {
-    while (ld_acquire_gpu(sem) != n_next + 1) {
-    }
-  }
+  if (n_next * block_n < seqlen_k && mask.query_begin(n_next * block_n) / block_m <= m) wait_dq_published(sem, n_next);
 }
 // Called by one thread once every thread's adds into the tile precede it:
 // by a CTA barrier (the release store is cumulative) or, for adds through

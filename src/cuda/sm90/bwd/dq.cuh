@@ -14,7 +14,10 @@
 //   only after key tile n+1 (if it sees m) has published its own (a counter
 //   per (sequence, query head, query tile), release/acquire, as the sm80
 //   kernel orders its atomics); the highest key tile is dispatched first so
-//   that the chain cannot deadlock. Split-d publishes without a fence per
+//   that the chain cannot deadlock. With rotated walks (scheduler.cuh NOTES)
+//   the key tile before n is the one that met m a step earlier, and the
+//   launcher allows that order only where a head's key tiles all run at once.
+//   Split-d publishes without a fence per
 //   thread: each thread's red.global adds are ordered before the consumers'
 //   barrier, the barrier before the publishing thread's st.release.gpu, and
 //   a release is cumulative, so the next key tile's acquire sees them all (the
@@ -85,8 +88,9 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
     const int q0 = m * K::kBlockM;
     int* sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, m) : nullptr;
     if (sem != nullptr && lane == 0) {
-      // Key tile n+1, if it sees query tile m, adds its share first.
-      wait_dq_turn(sem, cta.mask, m, Walk::turn_before(tiles, cta, it), K::kBlockM, K::kBlockN, cta.seq.seqlen_k);
+      // The key tile before this one in query tile m's turns adds its share first.
+      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta),
+                                                       cta, it, m);
       fence_proxy_async_global();  // its adds (seen by the acquire) before ours
     }
     named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
@@ -179,14 +183,14 @@ __device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], cons
   float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0 + th.warp * 16) * D +
                    th.cw * K::kDqN;
   const int rows_left = cta.seq.seqlen_q - q0 - th.warp * 16;
-  // Deterministic mode: key tile n+1, if it sees query tile m, has added
-  // its share first (acquired by one thread, passed on by the barrier);
+  // Deterministic mode: the key tile before this one in the query tile's
+  // turns has added its share first (acquired by one thread, passed on by the barrier);
   // ours is published after every thread's adds are performed.
   int* const sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, q0 / K::kBlockM) : nullptr;
   if (sem != nullptr) {
     if (th.cw == 0 && th.tid == 0)
-      wait_dq_turn(sem, cta.mask, q0 / K::kBlockM, Walk::turn_before(tiles, cta, it), K::kBlockM, K::kBlockN,
-                   cta.seq.seqlen_k);
+      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta),
+                                                       cta, it, q0 / K::kBlockM);
     named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
   }
 #pragma unroll

@@ -68,7 +68,7 @@ __device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUt
 #if FLASHATTN_SM90_DEVICE
   using K = BwdTraits<D, T>;
   BwdCta cta;
-  if (!bwd_cta<K::kBlockM, K::kBlockN, Walk>(p, tiles, cta)) return;  // whole CTA: before any barrier
+  if (!bwd_cta<K::kBlockM, K::kBlockN, Walk>(p, ws, tiles, cta)) return;  // whole CTA: before any barrier
 
   const BwdSmem<K> sm;
 

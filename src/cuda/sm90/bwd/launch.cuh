@@ -18,6 +18,24 @@
 
 namespace flashattn::cuda::sm90 {
 
+// Deterministic mode: the dQ turns follow the rotated walks (scheduler.cuh
+// NOTES) when the mask lets every key tile see every query tile and a head's
+// key_tiles CTAs can all be resident at once: one CTA per SM, so at most the
+// SM count (p.max_ctas when smaller: tests take the other order with it). A
+// wait may then be on a key tile dispatched later, which always comes once
+// the CTAs before it end; only a kernel beside this one that holds SMs until
+// this one ends could keep it out.
+inline fa_status plan_dq_turns(const AttentionParams& p, int key_tiles, bwd::Workspace& ws) {
+  ws.rotated_turns = 0;
+  if (!p.deterministic || p.window_left >= 0 || p.window_right >= 0 || p.has_block_mask()) return FA_OK;
+  int sms = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
+  if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
+  if (p.max_ctas > 0 && p.max_ctas < sms) sms = p.max_ctas;
+  ws.rotated_turns = key_tiles <= sms ? 1 : 0;
+  return FA_OK;
+}
+
 template <int D, typename T>
 fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
   using K = BwdTraits<D, T>;
@@ -56,6 +74,8 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
 
   const dim3 grid((p.seqlen_k + K::kBlockN - 1) / K::kBlockN, p.heads_kv, p.batch);
   if (grid.x == 0 || grid.z == 0) return FA_OK;
+  bwd::Workspace wk = ws;
+  FA_RETURN_IF_ERROR(plan_dq_turns(p, grid.x, wk));
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   cudaError_t err = cudaSuccess;
   if (p.has_block_mask()) {
@@ -66,7 +86,7 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     auto kernel = p.has_dropout() ? block_sparse_backward_kernel<D, T, PhiloxDropout> : block_sparse_backward_kernel<D, T>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     if (err == cudaSuccess) {
-      kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws, steps.view());
+      kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, wk, steps.view());
     }
   } else {
     // Dropout, and softcap with ALiBi (never with dropout here: api.cu), run
@@ -74,7 +94,7 @@ fa_status launch_backward(const AttentionParams& p, const bwd::Workspace& ws) {
     auto kernel = p.has_dropout() ? backward_kernel<D, T, PhiloxDropout> : backward_kernel<D, T>;
     if (p.softcap > 0.0f && p.has_alibi()) kernel = backward_kernel<D, T, NoDropout, SoftcapAlibiMods>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
-    if (err == cudaSuccess) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, ws);
+    if (err == cudaSuccess) kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(mq, mdq, mdo, mk, mv, p, wk);
   }
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
   err = cudaGetLastError();

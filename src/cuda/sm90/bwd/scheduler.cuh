@@ -4,13 +4,21 @@
 // NOTES: key tiles start their walk over the query tiles at different tiles
 // (KeyTileWork::m_rot = n_tile % n_m): the CTAs running side by side are
 // mostly neighbouring key tiles of one head, and in the same order they would
-// add into the same dQ rows at the same time. Not in deterministic mode, whose
-// adds go in key-tile order anyway.
+// add into the same dQ rows at the same time. In deterministic mode the walks
+// are rotated too where the mask lets every key tile see every query tile and
+// a head's key tiles all run at once (Workspace::rotated_turns): each query
+// tile's adds then go in the order the walks meet it (rotated_dq_turn_before),
+// one step apart. Otherwise the walks start at their first query tile and
+// every query tile takes its adds from the highest key tile down, an order
+// that waits only on key tiles dispatched earlier (any grid size) but puts the
+// CTAs of a head one handoff apart per key tile.
 #pragma once
 
 #include "attention/mask.h"
+#include "attention/work_plan.h"
 #include "core/layout.h"
 #include "core/params.h"
+#include "cuda/bwd/workspace.h"
 #include "cuda/common/block_sparse.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -30,7 +38,7 @@ struct KeyTileWork {
 
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ KeyTileWork key_tile_work(const AttentionParams& p, const MaskPolicy& mask,
-                                                     int n_tile) {
+                                                     int n_tile, bool rotated_turns) {
   KeyTileWork w;
   w.k0 = n_tile * kBlockN;
   w.kv_rows = min(kBlockN, mask.seqlen_k - w.k0);
@@ -38,7 +46,7 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const AttentionParams& p, c
   const int m_end = (mask.query_end(w.k0 + w.kv_rows) + kBlockM - 1) / kBlockM;
   w.n_m = max(0, m_end - w.m_begin);
   w.iters = w.n_m * p.group_size();
-  w.m_rot = (p.deterministic || w.n_m == 0) ? 0 : n_tile % w.n_m;
+  w.m_rot = ((p.deterministic && !rotated_turns) || w.n_m == 0) ? 0 : n_tile % w.n_m;
   return w;
 }
 
@@ -80,10 +88,31 @@ struct DenseQueryWalk {
     m = c.w.query_tile(it);
     return false;
   }
-  // Deterministic mode: one below the key tile that adds into step it's
-  // (h, m) right before this one (wait_dq_turn's n_tile, which waits only if
-  // that key tile sees m): the next-higher key tile.
-  __device__ __forceinline__ static int turn_before(const Tiles&, const BwdCta& c, int) { return c.n_tile; }
+  // Deterministic mode: the key tile whose dQ adds into a query tile come
+  // right before this one's, from which step of the walk over one head's
+  // query tiles (steps before it: none, this key tile adds first). Without
+  // rotated walks the next-higher key tile, from the first query tile it sees;
+  // with them attention/work_plan.h's order.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static DqTurn dq_turn(const bwd::Workspace& ws, const BwdCta& c) {
+    const int n = (c.seq.seqlen_k + kBlockN - 1) / kBlockN;
+    if (ws.rotated_turns != 0) return rotated_dq_turn(c.n_tile, c.w.m_rot, n, c.w.n_m);
+    const int next = c.n_tile + 1;
+    if (next >= n) return DqTurn{-1, 0};
+    return DqTurn{next, c.mask.query_begin(next * kBlockN) / kBlockM - c.w.m_begin};
+  }
+  // One thread: returns once step it's turn (query tile m) has come.
+  // NOTES: the reducer warp runs this on 24 registers. (k + 1) mod n_m is
+  // taken from m_rot and the step from m (no division of their own: a
+  // division by n_m beside the walk's own made the d 128 kernels spill 4-12
+  // bytes).
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static void wait_turn(const int* sem, const Tiles&, const DqTurn& turn,
+                                                   const BwdCta& c, int, int m) {
+    int s = m - c.w.m_begin - c.w.m_rot;  // the step: (m - m_begin - m_rot) mod n_m
+    if (s < 0) s += c.w.n_m;
+    if (turn.before >= 0 && s >= turn.from_step) wait_dq_published(sem, turn.before);
+  }
 };
 
 struct ListedQueryWalk {
@@ -112,13 +141,20 @@ struct ListedQueryWalk {
     m = entry & kStepTileMask;
     return (entry & kStepPartial) != 0;
   }
-  // As DenseQueryWalk's: wait_dq_turn's n_tile, the next-higher key tile
-  // that lists the step's (h, m) less one, found on the host
-  // (BlockTiles::step_turns; gridDim.x - 1 when none, so the wait returns at once).
+  // As DenseQueryWalk's, with the next-higher key tile that lists the step's
+  // (h, m) found on the host per step (BlockTiles::step_turns, as
+  // wait_dq_turn's n_tile less one; gridDim.x - 1 when none, so the wait
+  // returns at once).
   // NOTES: a binary search here (as the sm80 kernel does) spilled 8 bytes
   // in the d 64 / d 128 block-mask kernels.
-  __device__ __forceinline__ static int turn_before(const Tiles& tiles, const BwdCta& c, int it) {
-    return tiles.step_turns[c.w.first + it];
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static DqTurn dq_turn(const bwd::Workspace&, const BwdCta&) {
+    return DqTurn{};
+  }
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static void wait_turn(const int* sem, const Tiles& tiles, const DqTurn&,
+                                                   const BwdCta& c, int it, int m) {
+    wait_dq_turn(sem, c.mask, m, tiles.step_turns[c.w.first + it], kBlockM, kBlockN, c.seq.seqlen_k);
   }
 };
 
@@ -129,14 +165,15 @@ struct ListedQueryWalk {
 // built as one aggregate after the exit test, it moved the read of
 // blockIdx.y there (different SASS).
 template <int kBlockM, int kBlockN, class Walk = DenseQueryWalk>
-__device__ __forceinline__ bool bwd_cta(const AttentionParams& p, const typename Walk::Tiles& tiles, BwdCta& c) {
+__device__ __forceinline__ bool bwd_cta(const AttentionParams& p, const bwd::Workspace& ws,
+                                        const typename Walk::Tiles& tiles, BwdCta& c) {
   c.n_tile = p.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   c.hk = blockIdx.y;
   c.b = blockIdx.z;
   c.seq = sequence_info(p, c.b);
   if (c.n_tile * kBlockN >= c.seq.seqlen_k) return false;
   c.mask = mask_for(p, c.seq);
-  c.w = key_tile_work<kBlockM, kBlockN>(p, c.mask, c.n_tile);
+  c.w = key_tile_work<kBlockM, kBlockN>(p, c.mask, c.n_tile, ws.rotated_turns != 0);
   c.group = p.group_size();
   c.varlen = p.is_varlen();
   Walk::narrow(p, tiles, c);
