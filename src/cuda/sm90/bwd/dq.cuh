@@ -10,7 +10,7 @@
 //
 // NOTES:
 // - Deterministic mode: the reducer warp (split-d: the consumers, between two
-//   barriers of their 256 threads) adds key tile n's dQ share of query tile m
+//   barriers with the turn warp, order_dq_turns) adds key tile n's dQ share of query tile m
 //   only after key tile n+1 (if it sees m) has published its own (a counter
 //   per (sequence, query head, query tile), release/acquire, as the sm80
 //   kernel orders its atomics); the highest key tile is dispatched first so
@@ -183,16 +183,9 @@ __device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], cons
   float* dq_base = ws.dq_accum + (static_cast<int64_t>(h) * p.total_q + cta.seq.row_q + q0 + th.warp * 16) * D +
                    th.cw * K::kDqN;
   const int rows_left = cta.seq.seqlen_q - q0 - th.warp * 16;
-  // Deterministic mode: the key tile before this one in the query tile's
-  // turns has added its share first (acquired by one thread, passed on by the barrier);
-  // ours is published after every thread's adds are performed.
-  int* const sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, q0 / K::kBlockM) : nullptr;
-  if (sem != nullptr) {
-    if (th.cw == 0 && th.tid == 0)
-      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta),
-                                                       cta, it, q0 / K::kBlockM);
-    named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
-  }
+  // Deterministic mode: the turn warp has acquired the query tile's turn
+  // (order_dq_turns) and publishes our adds once every thread has made them.
+  if (p.deterministic) named_sync(K::kDqTurnReady, K::kDqTurnThreads);
 #pragma unroll
   for (int ch = 0; ch < K::kDqN / 32; ++ch) {
     // Fragment tiles 4ch .. 4ch+3 (columns 32ch .. 32ch+31): tile t's
@@ -213,12 +206,31 @@ __device__ __forceinline__ void red_dq_rows(const float (&dq)[K::kDqN / 2], cons
     }
     __syncwarp();
   }
-  if (sem != nullptr) {
-    // Every consumer thread's adds precede the barrier, which precedes the
-    // one release store that publishes them (cumulativity of the release in
-    // the PTX memory model: NOTES).
-    named_sync(K::kDqOrderBarrier, 128 * K::kConsumers);
-    if (th.cw == 0 && th.tid == 0) publish_dq_turn(sem, cta.n_tile);
+  // Every consumer thread's adds precede its arrival, which the turn warp's
+  // release store follows (cumulativity: NOTES).
+  if (p.deterministic) named_arrive(K::kDqTurnDone, K::kDqTurnThreads);
+}
+
+// Split-d deterministic mode: warp 1 of the producer warpgroup (idle there)
+// passes the query tiles' turns on for the consumers. Per step it waits for
+// the turn, lets the consumers add (kDqTurnReady), waits for their adds
+// (kDqTurnDone) and publishes them, so the release store's wait for the adds
+// to be performed falls on this warp, beside the consumers' next tile, and not
+// on a consumer thread that the next barrier would make every consumer wait for.
+template <class K, class Walk>
+__device__ __forceinline__ void order_dq_turns(const AttentionParams& p, const bwd::Workspace& ws,
+                                               const BwdCta& cta, const typename Walk::Tiles& tiles, int lane) {
+  for (int it = 0; it < cta.w.iters; ++it) {
+    int h, m;
+    Walk::step(tiles, cta, it, h, m);
+    int* const sem = ws.dq_semaphore(p, cta.b, h, m);
+    if (lane == 0)
+      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta),
+                                                       cta, it, m);
+    __syncwarp();
+    named_arrive(K::kDqTurnReady, K::kDqTurnThreads);
+    named_sync(K::kDqTurnDone, K::kDqTurnThreads);
+    if (lane == 0) publish_dq_turn(sem, cta.n_tile);
   }
 }
 

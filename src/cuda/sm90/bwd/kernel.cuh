@@ -5,7 +5,8 @@
 //   producer.cuh   warpgroup 0, warp 0: K, V once; Q, dO, lse, D per query tile
 //   mainloop.cuh   warpgroups 1, 2: S^T, dP^T, dV, dK, dQ products per query tile
 //   softmax.cuh    P^T, the mask, dS^T, their fragments and shared-memory tiles
-//   dq.cuh         dQ into the f32 accumulator (warpgroup 0, warp 1: TMA reduce-adds)
+//   dq.cuh         dQ into the f32 accumulator (warpgroup 0, warp 1: TMA reduce-adds;
+//                  split-d deterministic mode: the turns of the consumers' adds)
 //   epilogue.cuh   dK (scaled), dV out
 //   launch.cuh     tensor maps and the launch (host)
 //
@@ -77,9 +78,14 @@ __device__ __forceinline__ void backward_cta(const CUtensorMap& tma_q, const CUt
   __syncthreads();
 
   if (wg == 0) {
-    // Warp 0 produces the ring; with TMA dQ adds, warp 1 is the dQ reducer.
+    // Warp 0 produces the ring; with TMA dQ adds, warp 1 is the dQ reducer,
+    // in split-d's deterministic mode the dQ turn warp.
     setmaxnreg_dec<K::Tune::kProducerRegs>();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (K::kSplitD && warp == 1) {
+      if (p.deterministic && cta.w.iters > 0) order_dq_turns<K, Walk>(p, ws, cta, tiles, lane);
+      return;
+    }
     const int bq = cta.varlen ? 0 : cta.b;
     const int row_q0 = cta.varlen ? static_cast<int>(cta.seq.row_q) : 0;
     if (K::kDqTma && warp == 1 && cta.w.iters > 0) {

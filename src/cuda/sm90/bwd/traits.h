@@ -80,9 +80,11 @@ struct BwdTraits {
   // warpgroups, or with kDqAlternate the tile's one) + 32.
   static constexpr uint32_t kDqFull0 = 2, kDqFree0 = 4;
   static constexpr uint32_t kDqBarThreads = 128 * (kDqAlternate ? 1 : kConsumers) + 32;
-  // Split-d deterministic mode: the 256 consumer threads meet before and after
-  // a query tile's dQ adds (the wait for key tile n+1, the publication).
-  static constexpr uint32_t kDqOrderBarrier = 6;
+  // Split-d deterministic mode: the turn warp (dq.cuh, order_dq_turns) lets
+  // the 256 consumer threads add a query tile's dQ (kDqTurnReady) and waits
+  // for their adds before it publishes them (kDqTurnDone).
+  static constexpr uint32_t kDqTurnReady = 6, kDqTurnDone = 8;
+  static constexpr uint32_t kDqTurnThreads = 128 * kConsumers + 32;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64 (128-byte swizzle atoms)");
   static_assert(kBlockM == 64 || kBlockM == 128, "S^T is m64 x n kBlockM; dQ is split for 64 or 128");
   static_assert(kDqN == 64 || kDqN == 128, "dQ wgmmas are m64n64 or m64n128 (WgmmaSSTT)");
