@@ -20,11 +20,12 @@ namespace flashattn::cuda::sm90 {
 
 // Deterministic mode: the dQ turns follow the rotated walks (scheduler.cuh
 // NOTES) when the mask lets every key tile see every query tile and a head's
-// key_tiles CTAs can all be resident at once: one CTA per SM, so at most the
-// SM count (p.max_ctas when smaller: tests take the other order with it). A
-// wait may then be on a key tile dispatched later, which always comes once
-// the CTAs before it end; only a kernel beside this one that holds SMs until
-// this one ends could keep it out.
+// key_tiles CTAs can all be resident at once. A wait may then be on a key tile
+// dispatched later, which comes once the CTAs before it end, as long as the
+// kernel gets key_tiles SMs (one CTA per SM). Half the SM count leaves the
+// other half to kernels beside this one (NCCL's, another stream's) that might
+// hold SMs until it ends; p.max_ctas, when smaller, stands for the SM count
+// (tests take the other order with it).
 inline fa_status plan_dq_turns(const AttentionParams& p, int key_tiles, bwd::Workspace& ws) {
   ws.rotated_turns = 0;
   if (!p.deterministic || p.window_left >= 0 || p.window_right >= 0 || p.has_block_mask()) return FA_OK;
@@ -32,7 +33,7 @@ inline fa_status plan_dq_turns(const AttentionParams& p, int key_tiles, bwd::Wor
   const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index);
   if (err != cudaSuccess) return fail(FA_ERROR_DEVICE, std::string("sm90 backward: ") + cudaGetErrorString(err));
   if (p.max_ctas > 0 && p.max_ctas < sms) sms = p.max_ctas;
-  ws.rotated_turns = key_tiles <= sms ? 1 : 0;
+  ws.rotated_turns = 2 * key_tiles <= sms ? 1 : 0;
   return FA_OK;
 }
 
