@@ -32,7 +32,7 @@ struct Workspace {
   float inv_softcap_log2 = 0.0f;
   // Deterministic mode, set by the Hopper launcher: 1 when every key tile of
   // a head runs at once, so the dQ turns may follow the rotated walks
-  // (attention/work_plan.h, rotated_dq_turn_before); 0: highest key tile first.
+  // (attention/work_plan.h, rotated_dq_turn); 0: highest key tile first.
   int rotated_turns = 0;
 
   // Deterministic mode: the counter of query tile m of (sequence b, query head h).

@@ -17,14 +17,15 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v) {
 
 // The turn order of a dQ query tile's semaphore (zeroed before the backward):
 // key tiles add from the highest down, and key tile n publishes n + 1.
-// Called by one thread: returns once key tile n_tile + 1 has published its
-// adds into query tile m, or at once if that key tile does not see m (or does
-// not exist); the caller then passes the acquire on (barrier, proxy fence).
-// Called by one thread: returns once key tile n has published its adds.
+// Called by one thread: returns once key tile n has published its adds; the
+// caller then passes the acquire on (barrier, proxy fence).
 __device__ __forceinline__ void wait_dq_published(const int* sem, int n) {
   while (ld_acquire_gpu(sem) != n + 1) {
   }
 }
+// Called by one thread: returns once key tile n_tile + 1 has published its
+// adds into query tile m, or at once if that key tile does not see m (or does
+// not exist).
 __device__ __forceinline__ void wait_dq_turn(const int* sem, const MaskPolicy& mask, int m, int n_tile,
                                              int block_m, int block_n, int seqlen_k) {
   const int n_next = n_tile + 1;

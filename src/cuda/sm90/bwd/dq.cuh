@@ -10,8 +10,8 @@
 //
 // NOTES:
 // - Deterministic mode: the reducer warp (split-d: the consumers, between two
-//   barriers with the turn warp, order_dq_turns) adds key tile n's dQ share of query tile m
-//   only after key tile n+1 (if it sees m) has published its own (a counter
+//   barriers with the turn warp, order_dq_turns) adds key tile n's dQ share of
+//   query tile m only after key tile n+1 (if it sees m) has published its own (a counter
 //   per (sequence, query head, query tile), release/acquire, as the sm80
 //   kernel orders its atomics); the highest key tile is dispatched first so
 //   that the chain cannot deadlock. With rotated walks (scheduler.cuh NOTES)
@@ -89,8 +89,8 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
     int* sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, m) : nullptr;
     if (sem != nullptr && lane == 0) {
       // The key tile before this one in query tile m's turns adds its share first.
-      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta),
-                                                       cta, it, m);
+      const DqTurn turn = Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta);
+      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, turn, cta, it, m);
       fence_proxy_async_global();  // its adds (seen by the acquire) before ours
     }
     named_sync(K::kDqFull0 + qb, K::kDqBarThreads);
@@ -224,9 +224,10 @@ __device__ __forceinline__ void order_dq_turns(const AttentionParams& p, const b
     int h, m;
     Walk::step(tiles, cta, it, h, m);
     int* const sem = ws.dq_semaphore(p, cta.b, h, m);
-    if (lane == 0)
-      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta),
-                                                       cta, it, m);
+    if (lane == 0) {
+      const DqTurn turn = Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta);
+      Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, turn, cta, it, m);
+    }
     __syncwarp();
     named_arrive(K::kDqTurnReady, K::kDqTurnThreads);
     named_sync(K::kDqTurnDone, K::kDqTurnThreads);

@@ -7,7 +7,7 @@
 // add into the same dQ rows at the same time. In deterministic mode the walks
 // are rotated too where the mask lets every key tile see every query tile and
 // a head's key tiles all run at once (Workspace::rotated_turns): each query
-// tile's adds then go in the order the walks meet it (rotated_dq_turn_before),
+// tile's adds then go in the order the walks meet it (rotated_dq_turn),
 // one step apart. Otherwise the walks start at their first query tile and
 // every query tile takes its adds from the highest key tile down, an order
 // that waits only on key tiles dispatched earlier (any grid size) but puts the
