@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "cuda/sm90/bwd/api.h"
 #include "backward_check.h"
 #include "device.h"
+#include "sm90_backward_kernels.h"
 
 namespace flashattn::testing {
 namespace {
@@ -251,6 +253,79 @@ TEST(Sm90BackwardDeterministic, BitwiseIdenticalAcrossRuns) {
         EXPECT_EQ(g.dv.bytes, first.dv.bytes) << "run " << run;
       }
     }
+  }
+}
+
+// The deterministic backward (fa_backward) into dq, dk, dv on a stream of its
+// own; false if it had not finished `seconds` after the call (then `hog`, if
+// any, is released first, so that it can finish). Allocates and frees nothing
+// and never waits for the whole device: beside a running hog a cudaFree or a
+// device synchronize would wait for the hog.
+bool deterministic_backward_within(DeviceProblem& dp, const DeviceTensor& out, const DeviceTensor& lse,
+                                   DeviceTensor& dq, DeviceTensor& dk, DeviceTensor& dv, double seconds,
+                                   SmHog* hog = nullptr) {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return false;
+  fa_options o = dp.options();
+  o.deterministic = 1;
+  o.stream = stream;
+  const fa_status s = fa_backward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &dp.dout.desc, &lse.desc,
+                                  &dq.desc, &dk.desc, &dv.desc, dp.varlen_ptr(), &o, nullptr, 0);
+  EXPECT_EQ(s, FA_OK) << fa_last_error();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  bool done = false;
+  while (!(done = cudaStreamQuery(stream) != cudaErrorNotReady) && std::chrono::steady_clock::now() < until) {
+  }
+  if (!done && hog != nullptr) hog->release();
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+  return done && s == FA_OK;
+}
+
+// The rotated dQ turns wait on key tiles dispatched later, so they need a
+// head's key tiles resident together; the launcher takes them only where the
+// key tiles fit half the SMs (sm90/bwd/launch.cuh). Beside a kernel that holds
+// the other half until released, a deterministic backward with that many key
+// tiles a head (rotated turns) and with a few more (the highest-first order)
+// each finishes while the kernel still holds its SMs, with the bits it gives
+// alone. (With the rotated turns allowed up to the whole SM count, the second
+// case waits for the held SMs: this test then fails.)
+TEST(Sm90BackwardDeterministic, FinishesBesideAKernelHoldingHalfTheSms) {
+  FA_REQUIRE_SM90();
+  if (sanitizer_subset_only()) GTEST_SKIP() << "waits on time";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  constexpr int kKeyTile = 128;  // the d 128 kernel's
+  for (const int key_tiles : {sms / 2, sms / 2 + 8}) {
+    Case c = make_case(FA_BF16, 200, key_tiles * kKeyTile, 128, 8200 + static_cast<uint64_t>(key_tiles));
+    c.heads_q = 2;
+    c.heads_kv = 1;
+    SCOPED_TRACE(c.name());
+    const Problem p = make_problem(c);
+    DeviceProblem dp(p);
+    DeviceTensor out = DeviceTensor::upload(p.poisoned_like_q()), lse = DeviceTensor::upload(p.poisoned_lse());
+    fa_options o = dp.options();
+    ASSERT_EQ(fa_forward(&dp.q.desc, &dp.k.desc, &dp.v.desc, &out.desc, &lse.desc, dp.varlen_ptr(), &o), FA_OK)
+        << fa_last_error();
+    DeviceTensor dq[2] = {DeviceTensor::upload(p.poisoned_like_q()), DeviceTensor::upload(p.poisoned_like_q())};
+    DeviceTensor dk[2] = {DeviceTensor::upload(p.poisoned_like_k()), DeviceTensor::upload(p.poisoned_like_k())};
+    DeviceTensor dv[2] = {DeviceTensor::upload(p.poisoned_like_k()), DeviceTensor::upload(p.poisoned_like_k())};
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(deterministic_backward_within(dp, out, lse, dq[0], dk[0], dv[0], 30.0));
+    bool finished = false;
+    {
+      SmHog hog;
+      std::string error;
+      ASSERT_TRUE(hog.start(sms - sms / 2, error)) << error;
+      finished = deterministic_backward_within(dp, out, lse, dq[1], dk[1], dv[1], 10.0, &hog);
+    }
+    EXPECT_TRUE(finished) << "the backward waited for the SMs the other kernel held";
+    Grads alone{dq[0].download(p.poisoned_like_q()), dk[0].download(p.poisoned_like_k()),
+                dv[0].download(p.poisoned_like_k())};
+    Grads beside{dq[1].download(p.poisoned_like_q()), dk[1].download(p.poisoned_like_k()),
+                 dv[1].download(p.poisoned_like_k())};
+    expect_matches_reference(p, alone);
+    EXPECT_EQ(beside.bytes(), alone.bytes());
   }
 }
 
