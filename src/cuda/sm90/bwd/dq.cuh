@@ -89,6 +89,8 @@ __device__ __forceinline__ void reduce_dq(const CUtensorMap* tma_dq, const Atten
     int* sem = p.deterministic ? ws.dq_semaphore(p, cta.b, h, m) : nullptr;
     if (sem != nullptr && lane == 0) {
       // The key tile before this one in query tile m's turns adds its share first.
+      // NOTES: the turn is found here, not once before the loop: held across
+      // the loop on this warp's 24 registers it spilled (12 bytes, plain d 128).
       const DqTurn turn = Walk::template dq_turn<K::kBlockM, K::kBlockN>(ws, cta);
       Walk::template wait_turn<K::kBlockM, K::kBlockN>(sem, tiles, turn, cta, it, m);
       fence_proxy_async_global();  // its adds (seen by the acquire) before ours
