@@ -26,15 +26,17 @@ S_dmask is the dropout factor tensor (batch, nheads, seqlen_q, seqlen_k),
 float32: 1 / (1 - p8) where kept, 0 where dropped (flash-attn encodes
 the same pattern in the sign of its S_dmask); None without dropout.
 
-Block-sparse attention (keyword block_mask=, on the CPU and on CUDA; lists on a GPU
-are copied to the host per call; under CUDA-graph capture a mask is taken when a call
-before the capture (the warm-up) had the same lists, unmodified; on CUDA not
-together with dropout_p > 0, which only the CPU backend runs): a
-FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
+Block-sparse attention (keyword block_mask=, on the CPU and on CUDA, with dropout too):
+a FlexAttention BlockMask (torch.nn.attention.flex_attention.create_block_mask) or a
 flashattn.BlockMask (the same attributes over int32 NumPy arrays or tensors). Each
 query block visits only its listed key blocks; the element mask of the call (causal,
-window_size, sequence lengths) applies inside them, and the BlockMask's mask_mod is not
-evaluated: pass its equivalent as causal / window_size / cu_seqlens (docs/variants.md).
+window_size, sequence lengths) applies inside them, and no mask_mod is evaluated:
+pass its equivalent as causal / window_size / cu_seqlens. flash_attn_func checks a
+FlexAttention BlockMask's mask_mod against that element mask inside the blocks it lists
+(once per mask and call shape) and raises ValueError where they differ; varlen calls
+and calls under torch.compile take the lists as they are. Lists on a GPU are copied to
+the host per call; under CUDA-graph capture a mask is taken when a call before the
+capture (the warm-up) had the same lists, unmodified (docs/variants.md).
 
 Not implemented (NotImplementedError, never ignored): block_table in the non-cache
 functions; cache_leftpad in flash_attn_with_kvcache; dropout on
@@ -52,7 +54,7 @@ except ImportError:  # NumPy-only use
     torch = None
 
 if torch is not None:
-    from . import _torch_ops
+    from . import _flex, _torch_ops
 
 __all__ = [
     "flash_attn_func",
@@ -176,10 +178,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if _is_torch(q):
         head_dim = q.shape[-1]
         dropout = _dropout(dropout_p)
+        parts = _capi.block_mask_parts(block_mask)
+        if parts is not None and not _torch_ops._compiling():
+            _flex.check_block_mask(block_mask, parts, q.shape[1], k.shape[1], bool(causal), window)
         out, lse = _torch_ops.attention(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
                                   bool(causal), window[0], window[1], float(softcap),
                                   bool(deterministic), alibi_slopes, _sinks_f32(sinks), dropout,
-                                  _capi.block_mask_parts(block_mask))
+                                  parts)
         if out.shape[-1] != head_dim:
             out = out[..., :head_dim]
         s_dmask = _dropout_factors(q, dropout, q.shape[0], q.shape[2], q.shape[1], k.shape[1]) \

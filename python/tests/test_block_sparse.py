@@ -4,6 +4,8 @@ the torch functions with FlexAttention's create_block_mask (causal, sliding wind
 document masks) against float64 torch autograd, and under torch.compile (skipped without
 torch); errors."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -241,6 +243,54 @@ def test_torch_document_mask_with_block_aligned_documents():
     q, k, v = (torch.randn(1, n, 2, 32, generator=gen).requires_grad_() for _ in range(3))
     out = flashattn.flash_attn_func(q, k, v, causal=True, block_mask=bm)
     _check_values_and_grads(torch, q, k, v, out, _dense(torch, mask_mod, n, n))
+
+
+def _refused_pair(torch, call, mask_mod, what, causal):
+    """Calls call(), which must raise ValueError naming a pair of `what` blocks; checks that
+    mask_mod and the element mask (causal or none, no window) differ at that pair."""
+    with pytest.raises(ValueError, match=rf"{what} blocks, first at batch 0, head 0") as info:
+        call()
+    i, j = (int(x) for x in re.search(r"query (\d+), key (\d+)", str(info.value)).groups())
+    assert bool(mask_mod(0, 0, torch.tensor(i), torch.tensor(j))) != (not causal or i >= j), (i, j)
+
+
+def test_torch_mask_mod_unlike_the_element_mask_is_refused():
+    """A BlockMask whose mask_mod the call's element mask does not reproduce inside its
+    listed blocks raises ValueError naming a pair where they differ, instead of giving
+    another attention: documents off the block boundaries (partial blocks), a causal mask
+    called without causal=True (partial blocks), and a block pattern whose full blocks
+    reach above the diagonal of a causal call (full blocks)."""
+    torch, flex = _flex()
+    gen = torch.Generator().manual_seed(12)
+    n = 96
+    q, k, v = (torch.randn(1, n, 2, 32, generator=gen).requires_grad_() for _ in range(3))
+    docs = torch.tensor([0] * 40 + [1] * 56)
+
+    def documents(b, h, i, j):
+        return (docs[i] == docs[j]) & (i >= j)
+
+    bm = flex.create_block_mask(documents, None, None, n, n, device="cpu", BLOCK_SIZE=16)
+    _refused_pair(torch, lambda: flashattn.flash_attn_func(q, k, v, causal=True, block_mask=bm),
+                  documents, "partial", causal=True)
+
+    def lower(b, h, i, j):
+        return i >= j
+
+    causal = flex.create_block_mask(lower, None, None, n, n, device="cpu", BLOCK_SIZE=32)
+    _refused_pair(torch, lambda: flashattn.flash_attn_func(q, k, v, block_mask=causal),
+                  lower, "partial", causal=False)
+    out = flashattn.flash_attn_func(q, k, v, causal=True, block_mask=causal)  # as meant
+    _check_values_and_grads(torch, q, k, v, out, _dense(torch, lower, n, n))
+
+    def upper_blocks(b, h, i, j):
+        return (i // 32) <= (j // 32)  # whole blocks on and above the diagonal
+
+    upper = flex.create_block_mask(upper_blocks, None, None, n, n, device="cpu", BLOCK_SIZE=32)
+    _refused_pair(torch, lambda: flashattn.flash_attn_func(q, k, v, causal=True, block_mask=upper),
+                  upper_blocks, "full", causal=True)
+    # without causal every pair of a listed (full) block is visible, as the mask_mod says
+    out = flashattn.flash_attn_func(q, k, v, block_mask=upper)
+    _check_values_and_grads(torch, q, k, v, out, _dense(torch, upper_blocks, n, n))
 
 
 def test_torch_random_lists_per_head_and_compile():

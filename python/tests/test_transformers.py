@@ -29,15 +29,28 @@ def tiny_config(kind="llama"):
                   pad_token_id=0, bos_token_id=1, eos_token_id=2, attention_dropout=0.0)
     if kind == "mistral":  # a sliding window shorter than the sequences
         return transformers.MistralConfig(sliding_window=5, **common)
+    if kind == "gpt_oss":  # attention sinks; a sliding and a full layer; a small MoE
+        if not hasattr(transformers, "GptOssConfig"):
+            pytest.skip("this transformers has no gpt-oss")
+        config = transformers.GptOssConfig(
+            head_dim=16, sliding_window=5, num_local_experts=4, num_experts_per_tok=2,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+        if hasattr(config, "_experts_implementation"):
+            config._experts_implementation = "eager"  # the grouped one has no float64
+        return config
     return transformers.LlamaConfig(**common)
 
 
 def models(kind="llama"):
-    """(flashattn model, sdpa model, float64 sdpa model), one set of random weights."""
+    """(flashattn model, baseline model, float64 baseline model), one set of random
+    weights; the baseline is transformers' sdpa implementation (eager for gpt-oss, whose
+    sinks only eager attention applies)."""
     torch.manual_seed(0)
     config = tiny_config(kind)
     cls = transformers.AutoModelForCausalLM
-    base = cls.from_config(config, attn_implementation="sdpa")
+    baseline = "eager" if kind == "gpt_oss" else "sdpa"
+    base = cls.from_config(config, attn_implementation=baseline)
     with torch.no_grad():  # weights large enough that attention is not near-uniform
         for p in base.parameters():
             p.normal_(0.0, 0.2)
@@ -47,7 +60,7 @@ def models(kind="llama"):
         m.set_attn_implementation(impl)
         return m
 
-    return copy_as(fa_hf.NAME, DTYPE), copy_as("sdpa", DTYPE), copy_as("sdpa", torch.float64)
+    return copy_as(fa_hf.NAME, DTYPE), copy_as(baseline, DTYPE), copy_as(baseline, torch.float64)
 
 
 def batch(lengths, seqlen, seed=1, left_pad=True):
@@ -113,9 +126,11 @@ def loss_and_grads(model, ids, mask):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("lengths", [[19, 19], [19, 11, 4]])
-def test_backward_gradients(lengths):
-    fa, sdpa, ref = models()
+@pytest.mark.parametrize("kind,lengths", [("llama", [19, 19]), ("llama", [19, 11, 4]),
+                                          ("gpt_oss", [19, 19]), ("gpt_oss", [19, 11, 4])])
+def test_backward_gradients(kind, lengths):
+    """Loss and every parameter's gradient (gpt-oss: the sinks' too) within the rule."""
+    fa, sdpa, ref = models(kind)
     for m in (fa, sdpa, ref):
         m.train()
     ids, mask = batch(lengths, seqlen=19)
@@ -177,11 +192,46 @@ def test_packed_sequences_match_separate_ones():
     assert_within_rule(packed, out_sdpa, out_ref, "packed logits")
 
 
-def test_dropout_is_refused():
-    fa, _, _ = models()
+def test_gpt_oss_forward_logits_with_sinks():
+    """gpt-oss's per-head sink logits (s_aux) go to the library's sinks=: logits within the
+    rule against eager attention, padded batch included; sinks that matter (large) are set
+    so the test fails if they were dropped."""
+    fa, eager, ref = models("gpt_oss")
+    for m in (fa, eager, ref):
+        for layer in m.model.layers:
+            layer.self_attn.sinks.data.copy_(torch.linspace(-1.0, 3.0, layer.self_attn.sinks.numel()))
+    ids, mask = batch([23, 7], seqlen=23)
+    with torch.no_grad():
+        out = [m(input_ids=ids, attention_mask=mask).logits for m in (fa, eager, ref)]
+        for layer in ref.model.layers:
+            layer.self_attn.sinks.data.fill_(-1e4)
+        no_sinks = ref(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert (no_sinks[real] - out[2][real]).abs().max() > 1e-2  # the sinks change the logits
+    assert_within_rule(out[0][real], out[1][real], out[2][real], "gpt-oss logits")
+
+
+def test_dropout_in_training():
+    """attention_dropout in training is the library's dropout: a step is reproducible under
+    torch.manual_seed and differs between seeds; the gradients are finite and nonzero;
+    in eval mode (dropout 0) the logits are those of the model without dropout."""
+    fa, sdpa, ref = models()
+    ids, mask = batch([11, 6], seqlen=11)
+    with torch.no_grad():
+        plain = fa(input_ids=ids, attention_mask=mask).logits
     for layer in fa.model.layers:
-        layer.self_attn.attention_dropout = 0.1
+        layer.self_attn.attention_dropout = 0.25
     fa.train()
-    ids, mask = batch([5], seqlen=5)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        fa(input_ids=ids, attention_mask=mask)
+
+    def step(seed):
+        torch.manual_seed(seed)
+        return loss_and_grads(fa, ids, mask)
+
+    (l1, g1), (l2, g2), (l3, _) = step(5), step(5), step(6)
+    assert torch.equal(l1, l2) and all(torch.equal(g1[n], g2[n]) for n in g1)
+    assert not torch.equal(l1, l3)
+    assert all(torch.isfinite(g).all() for g in g1.values())
+    assert g1["model.layers.0.self_attn.q_proj.weight"].abs().max() > 0
+    fa.eval()
+    with torch.no_grad():
+        assert torch.equal(fa(input_ids=ids, attention_mask=mask).logits, plain)

@@ -28,9 +28,11 @@ capping (``softcap``) map to the library's ``window_size`` and ``softcap``.
 On CUDA the model runs in float16 or bfloat16 (the GPU kernels' types; float32
 raises UnsupportedError); on CPU float32 works too.
 
-Not supported (NotImplementedError): attention dropout during training
-(``attention_dropout > 0``), attention sinks (``s_aux``). Attention weights are
-never returned (``output_attentions`` gives None, as with flash_attention_2).
+Attention dropout during training (``attention_dropout > 0``) is the library's
+``dropout_p`` (Philox, seeded from torch's generator, so ``torch.manual_seed`` makes a
+step reproducible), and attention sinks (``s_aux``, gpt-oss) its ``sinks=``, whose
+gradient reaches the model's sink parameters. Attention weights are never returned
+(``output_attentions`` gives None, as with flash_attention_2).
 Needs a transformers with ``AttentionMaskInterface`` and PyTorch >= 2.4.
 """
 
@@ -74,16 +76,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     head_dim); attention_mask: None or the (batch, seqlen_k) padding mask (True/1 =
     a real token). Returns (output (batch, seqlen_q, heads, head_dim), None).
     """
-    if dropout:
-        raise NotImplementedError(
-            f"flashattn does not implement attention dropout (got {dropout}): set the "
-            "model config's attention_dropout to 0.0")
-    if s_aux is not None:
-        raise NotImplementedError("flashattn does not implement attention sinks (s_aux)")
     causal = bool(module.is_causal if is_causal is None else is_causal)
-    options = dict(softmax_scale=scaling, causal=causal,
+    # transformers passes dropout = 0.0 outside training, the config's attention_dropout
+    # in it; s_aux is gpt-oss's per-head sink logit (the library's sinks=, differentiable).
+    options = dict(dropout_p=float(dropout or 0.0), softmax_scale=scaling, causal=causal,
                    window_size=_window(sliding_window, key.shape[2], causal),
-                   softcap=float(softcap or 0.0))
+                   softcap=float(softcap or 0.0), sinks=s_aux)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (batch, seqlen, heads, dim)
     if attention_mask is not None:
         return _padded_attention(q, k, v, attention_mask, options), None
