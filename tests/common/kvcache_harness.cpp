@@ -340,6 +340,22 @@ std::vector<KvCase> kvcache_suite(fa_dtype dtype) {
   // Forced split counts (the CUDA split-KV path; the CPU ignores them).
   add({.heads_q = 32, .heads_kv = 8, .head_dim = 128, .cached = {4097, 1, 0}, .seqlen_new = 1,
        .page_size = 64, .num_splits = 7});
+  // Plain decoding (seqlen_q 1) with softcap, a causal sliding window of 37
+  // keys and both; contiguous and over pages of 16 and 64 (each mask and each
+  // cache at d 64 and 128), GQA 4; ragged key counts of no tile's multiple:
+  // 1, 113, 1023 (the paged cases append the last token).
+  for (int form = 0; form < 3; ++form) {
+    const bool softcap = form != 1, window = form != 0;
+    for (int j = 0; j < 3; ++j) {
+      const int page = std::array<int, 3>{0, 16, 64}[j];
+      const bool append = page > 0;
+      add({.heads_q = 8, .heads_kv = 2, .head_dim = (form + j) % 2 == 0 ? 128 : 64,
+           .cached = append ? std::vector<int>{0, 112, 1022} : std::vector<int>{1, 113, 1023},
+           .seqlen_new = append ? 1 : 0, .page_size = page, .causal = window,
+           .window_left = window ? 37 : -1, .window_right = window ? 0 : -1,
+           .softcap = softcap ? 30.0f : 0.0f});
+    }
+  }
   return cases;
 }
 

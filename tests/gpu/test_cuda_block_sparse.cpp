@@ -8,10 +8,10 @@
 // sinks, varlen with empty sequences, dropout, sizes 1 / 7 / 113 / 203, every
 // head dim) and dropout at every head dim (blocks of 16 x 32: the Hopper
 // forward and backward; tests/gpu/test_sm90_dropout.cpp calls them directly)
-// against the float64 reference, forward (both kernels) and backward; shapes
+// against the float64 reference, forward and backward (both kernels); shapes
 // of several query and key tiles on the Hopper forward (tiles listed whole,
 // in part and not at all); the Hopper forward at density 1 bitwise equal to
-// its dense call; density 1 and
+// its dense call, and the Hopper backward (deterministic, causal); density 1 and
 // create_block_mask's causal / sliding-window masks bitwise equal to the
 // dense sm80 call; the deterministic backward bitwise stable (sm80 and Hopper
 // kernels); NaN in key tiles
@@ -107,6 +107,14 @@ TEST_P(CudaBlockSparse, Sm80ForwardMatchesFloat64Reference) {
   expect_cuda_forward_matches(GetParam());
 }
 
+// The sm80 backward's walk (ListedQueries), likewise: on a Hopper device the
+// fixed-length calls above take the Hopper backward.
+TEST_P(CudaBlockSparse, Sm80BackwardMatchesFloat64Reference) {
+  FA_REQUIRE_GPU();
+  const Sm80Only sm80;
+  expect_cuda_backward_matches(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Suite, CudaBlockSparse, ::testing::ValuesIn(cuda_block_sparse_suite()),
                          [](const auto& info) { return info.param.name(); });
 
@@ -184,6 +192,47 @@ TEST(CudaBlockSparseBitwise, HopperForwardAtDensityOneIsDense) {
     ASSERT_TRUE(run_cuda(p, false, dense));
     expect_same_bytes(sparse.out, dense.out, "out");
     expect_same_bytes(sparse.lse, dense.lse, "lse");
+  }
+}
+
+// Every block listed, blocks of the Hopper backward's tiles (queries x keys,
+// sm90/bwd/tuning.h and traits.h: 128 x 128 at d 64, 64 x 128 at d 128, 64 x
+// 64 at d 256), so every step of the block-sparse backward kernel is full.
+// Bitwise equal to the dense call where both walk in one order: deterministic
+// mode without rotated turns (causal here; plan_dq_turns), where the dense
+// walk takes each key tile's query tiles ascending, head by head, as the
+// host's steps do (group_steps), and dQ's adds into a query tile come from
+// the highest key tile down in both. Without deterministic mode the dense
+// walks are rotated (key tile n starts at query tile n % n_m; sm90/bwd/
+// scheduler.cuh NOTES) and the listed ones are not, so dK and dV sum their
+// query tiles in another order, and dQ's adds land in any order: there the
+// gradients are checked against float64 only (non-causal: the rotated walk).
+TEST(CudaBlockSparseBitwise, HopperBackwardAtDensityOneIsDense) {
+  FA_REQUIRE_SM90();
+  if (cuda::sm90::disabled_by_env()) GTEST_SKIP() << "FLASHATTN_DISABLE_SM90: the Hopper backward is off";
+  struct Tiles {
+    int d, block_q, block_k;
+  };
+  for (const auto [d, bq, bk] : {Tiles{64, 128, 128}, Tiles{128, 64, 128}, Tiles{256, 64, 64}}) {
+    for (const bool deterministic : {true, false}) {
+      Case c = make_case(FA_BF16, 555, 777, d, 6900 + d + deterministic);
+      c.causal = deterministic;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      c.block_q = bq;
+      c.block_k = bk;
+      c.block_density = 1.0;
+      SCOPED_TRACE(c.name() + (deterministic ? " deterministic" : ""));
+      Problem p = make_problem(c);
+      p.options.deterministic = deterministic;
+      VariantRun sparse, dense;
+      ASSERT_TRUE(run_cuda(p, true, sparse));
+      expect_backward_matches(p, sparse.dq, sparse.dk, sparse.dv, sparse.dsinks);
+      if (!deterministic) continue;
+      p.use_block_mask = false;
+      ASSERT_TRUE(run_cuda(p, true, dense));
+      expect_same_results(sparse, dense);
+    }
   }
 }
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "common/kvcache_harness.h"
@@ -226,19 +228,55 @@ TEST(CudaKvCacheSmallRing, MatchesFloat64Reference) {
   }
 }
 
-TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
-  FA_REQUIRE_GPU();
-  KvCase c{.seqlen_q = 1, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {20, 5},
-           .seqlen_new = 1, .page_size = 16};
-  KvProblem p = make_kv_problem(c);
-  p.block_table[1] = -1;
+KvCase small_decode_step(int page) {
+  return {.seqlen_q = 1, .heads_q = 4, .heads_kv = 2, .head_dim = 64, .cached = {20, 5}, .seqlen_new = 1,
+          .page_size = page};
+}
+
+// An eager call (the host reads the indices) that must be refused: FA_ERROR_INVALID_ARGUMENT,
+// a message holding each of `words`, and nothing written (caches and outputs as they were).
+void expect_rejected(const KvProblem& p, std::initializer_list<const char*> words) {
   DeviceKv d(p);
   const fa_kvcache desc = d.describe();
   const fa_options o = d.options();
-  EXPECT_EQ(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, nullptr, &o, nullptr, 0),
+  EXPECT_EQ(fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, nullptr, 0),
             FA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(fa_last_error()).find("outside the pool"), std::string::npos);
-  EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes);
+  const std::string error = fa_last_error();
+  for (const char* w : words) EXPECT_NE(error.find(w), std::string::npos) << error;
+  EXPECT_EQ(d.k_cache.download(p.k_cache).bytes, p.k_cache.bytes) << "k_cache written";
+  EXPECT_EQ(d.v_cache.download(p.v_cache).bytes, p.v_cache.bytes) << "v_cache written";
+  EXPECT_EQ(d.out.download(d.out_like).bytes, d.out_like.bytes) << "out written";
+  EXPECT_EQ(d.lse.download(d.lse_like).bytes, d.lse_like.bytes) << "lse written";
+}
+
+TEST(CudaKvCacheErrors, BadIndicesAreClearErrorsOutsideCapture) {
+  FA_REQUIRE_GPU();
+  KvProblem p = make_kv_problem(small_decode_step(16));
+  p.block_table[1] = -1;
+  expect_rejected(p, {"outside the pool"});
+}
+
+// A negative cached length and one whose new tokens pass the cache's end
+// (pages of 16 and a contiguous cache), as tests/test_cpu_kvcache.cpp checks them on the CPU.
+TEST(CudaKvCacheErrors, NegativeLengthIsAClearError) {
+  FA_REQUIRE_GPU();
+  for (const int page : {16, 0}) {
+    SCOPED_TRACE(page);
+    KvProblem p = make_kv_problem(small_decode_step(page));
+    p.cache_seqlens[1] = -3;
+    expect_rejected(p, {"cache_seqlens[1] = -3", "negative"});
+  }
+}
+
+TEST(CudaKvCacheErrors, LengthBeyondTheCacheIsAClearError) {
+  FA_REQUIRE_GPU();
+  for (const int page : {16, 0}) {
+    SCOPED_TRACE(page);
+    KvProblem p = make_kv_problem(small_decode_step(page));
+    const int capacity = page > 0 ? p.max_blocks * page : static_cast<int>(p.k_cache.desc.shape[1]);
+    p.cache_seqlens[1] = capacity - p.c.seqlen_new + 1;  // its new token one slot past the end
+    expect_rejected(p, {"sequence 1", "cache_seqlens", "exceeds the cache's capacity"});
+  }
 }
 
 // Index arrays are read one int32 at a time: views into a larger array (a
@@ -319,13 +357,14 @@ INSTANTIATE_TEST_SUITE_P(PageSizes, CudaKvCacheBadPage, ::testing::Values(16, 64
 // replay whose lengths overflow the cache poisons that sequence only and
 // leaves its cache untouched. Pages of 16 and a contiguous cache (whose decode
 // kernel prefetches its first tiles from the lengths it reads before waiting
-// for the append kernel: kernel.cuh, prefetch_before_wait).
-class CudaKvCacheGraph : public ::testing::TestWithParam<int> {};
-
-TEST_P(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
-  FA_REQUIRE_GPU();
+// for the append kernel: kernel.cuh, prefetch_before_wait). With the caller's
+// workspace and without one: the library then takes its workspace (the
+// rotated q, the splits' partials) from the stream-ordered pool
+// (cudaMallocAsync, src/cuda/decode/api.cu), which the capture records as an
+// allocation node of the graph, freed in it.
+void capture_and_replay(int page, bool caller_workspace) {
   KvCase c{.seqlen_q = 1, .heads_q = 8, .heads_kv = 2, .head_dim = 128, .cached = {100, 7, 600},
-           .seqlen_new = 1, .page_size = GetParam(), .rotary_dim = 64, .causal = true};
+           .seqlen_new = 1, .page_size = page, .rotary_dim = 64, .causal = true};
   KvProblem p = make_kv_problem(c);
   DeviceKv d(p);
   cudaStream_t stream;
@@ -334,14 +373,28 @@ TEST_P(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   const fa_options o = d.options(stream);
   size_t bytes = 0;
   ASSERT_EQ(fa_forward_kvcache_workspace_size(&d.q.desc, &desc, &o, &bytes), FA_OK) << fa_last_error();
+  ASSERT_GT(bytes, 0u) << "the call needs a workspace (rotary)";
   DeviceMemory ws = device_alloc(bytes);
   // Bytes that no call wrote: nothing may read the workspace before writing it.
   ASSERT_EQ(cudaMemset(ws.get(), 0xA5, bytes), cudaSuccess);
+  void* const workspace = caller_workspace ? ws.get() : nullptr;
+  const size_t workspace_bytes = caller_workspace ? bytes : 0;
   cudaGraph_t graph;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const fa_status s = fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, ws.get(), bytes);
+  const fa_status s = fa_forward_kvcache(&d.q.desc, &desc, &d.out.desc, &d.lse.desc, &o, workspace, workspace_bytes);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_EQ(s, FA_OK) << fa_last_error();
+  if (!caller_workspace) {
+    size_t count = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(count);
+    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+    const auto allocations = std::count_if(nodes.begin(), nodes.end(), [](cudaGraphNode_t n) {
+      cudaGraphNodeType type;
+      return cudaGraphNodeGetType(n, &type) == cudaSuccess && type == cudaGraphNodeTypeMemAlloc;
+    });
+    EXPECT_GE(allocations, 1) << "no pool allocation captured";
+  }
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   const bool paged = c.page_size > 0;
@@ -384,6 +437,18 @@ TEST_P(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+class CudaKvCacheGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaKvCacheGraph, CaptureAndReplayWithNewLengths) {
+  FA_REQUIRE_GPU();
+  capture_and_replay(GetParam(), true);
+}
+
+TEST_P(CudaKvCacheGraph, CaptureWithoutWorkspaceUsesThePool) {
+  FA_REQUIRE_GPU();
+  capture_and_replay(GetParam(), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(PageSizes, CudaKvCacheGraph, ::testing::Values(16, 0));
