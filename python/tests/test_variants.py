@@ -158,23 +158,29 @@ def test_numpy_dropout_matches_reference_with_the_visible_mask(rng):
 
 
 def _torch_ref(q, k, v, causal, slopes, sinks):
-    """float64 torch reference with autograd: the sink as an extra softmax column."""
+    """Reference attention with autograd, on the inputs' device: the sink as an extra softmax
+    column (sinks None: no sink column). float64 inputs give the float64 reference; 16-bit
+    inputs naive attention in their precision, as flash-attn's reference computes it (test_gpu):
+    the products in that dtype, the scores with the ALiBi bias and the sinks, and the softmax,
+    in float32, P rounded to the dtype before P V."""
     import torch
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
+    dev, acc = q.device, torch.promote_types(q.dtype, torch.float32)
     k = k.repeat_interleave(hq // hkv, dim=2)
     v = v.repeat_interleave(hq // hkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / d ** 0.5
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc) / d ** 0.5
     if slopes is not None:
-        sl = slopes.double().reshape(-1 if slopes.dim() == 1 else b, hq)
-        dist = (torch.arange(sq)[:, None] + sk - sq - torch.arange(sk)[None, :]).abs().double()
-        s = s - sl.reshape(-1, hq, 1, 1) * dist
+        sl = slopes.to(dev, acc).reshape(-1 if slopes.dim() == 1 else b, hq)
+        i, j = torch.arange(sq, device=dev)[:, None], torch.arange(sk, device=dev)[None, :]
+        s = s - sl.reshape(-1, hq, 1, 1) * (i + sk - sq - j).abs().to(acc)
     if causal:
-        mask = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+        mask = torch.arange(sk, device=dev)[None, :] <= torch.arange(sq, device=dev)[:, None] + sk - sq
         s = s.masked_fill(~mask, float("-inf"))
-    z = sinks.double().reshape(1, hq, 1, 1).expand(b, hq, sq, 1)
-    full = torch.cat([s, z], dim=-1)
-    p = torch.softmax(full, dim=-1)[..., :sk]
+    full = s
+    if sinks is not None:
+        full = torch.cat([s, sinks.to(acc).reshape(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+    p = torch.softmax(full, dim=-1)[..., :sk].to(v.dtype)
     return torch.einsum("bhqk,bkhd->bqhd", p, v), torch.logsumexp(full, dim=-1)
 
 
@@ -275,3 +281,32 @@ def test_torch_dropout_is_reproducible_and_matches_its_mask():
     want = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_torch_compiled_dropout_draws_a_new_mask_per_step():
+    """Under torch.compile(fullgraph=True) the Philox seed is drawn in the graph: each call
+    a new mask, the same one again (values and gradients) after torch.manual_seed."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 17, 2, 16, generator=gen).requires_grad_() for _ in range(3))
+    dout = torch.randn(1, 17, 2, 16, generator=gen)
+
+    def f(q, k, v):
+        return flashattn.flash_attn_func(q, k, v, dropout_p=0.3)
+
+    torch._dynamo.reset()
+    step = torch.compile(f, fullgraph=True)
+
+    def run(seed=None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = step(q, k, v)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    first, second, again = run(21), run(), run(21)
+    plain = flashattn.flash_attn_func(q, k, v)
+    assert not torch.equal(first[0], second[0])
+    assert not torch.equal(first[0], plain)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), first, again):
+        assert torch.equal(a, b), name
+        assert torch.isfinite(a).all(), name
