@@ -8,7 +8,16 @@ eager call.
 
 Usage (on the GPU machine):
   FLASHATTN_LIBRARY=build/libflashattn.so PYTHONPATH=python python3 bench/bench_decode.py \\
-      [--out results.md] [--quick] [--chunked]
+      [--out results.md] [--quick] [--chunked] [--page-sizes 0,64,16] [--heads 32,8] [--hdim 128]
+
+Without options the table is as it always was (the setup of docs/inference.md's table:
+32 query / 8 KV heads, d128, a contiguous cache and 64- and 16-token pages). The options
+widen it: --page-sizes takes any page sizes from 1 (0 is the contiguous cache, always timed
+and listed first: the FA2 / cuDNN ratios and the paged / contiguous columns are against it),
+e.g. with 256- and 1-token pages and a smaller model's heads and head dim:
+  ... bench/bench_decode.py --page-sizes 0,256,64,16,1 --heads 16,4 --hdim 64
+A page size that does not divide a shape's kv len gets a last page partly filled. A torch
+backend that has no kernel for the shape (cuDNN at some head dims) reads n/a.
 """
 
 import argparse
@@ -74,7 +83,10 @@ class Decode:
     """One decode shape: a contiguous cache, the same keys paged, SDPA's (b, h, s, d) copy."""
 
     def __init__(self, batch, kv_len):
+        # The head counts and head dim are the module's when the shape is made (main() sets
+        # them from --heads / --hdim; the probes in bench/probes set them too).
         self.batch, self.kv_len = batch, kv_len
+        self.heads_q, self.heads_kv, self.head_dim = HEADS_Q, HEADS_KV, HEAD_DIM
         self.q = torch.randn(batch, 1, HEADS_Q, HEAD_DIM, device="cuda", dtype=DTYPE)
         self.k = torch.randn(batch, kv_len, HEADS_KV, HEAD_DIM, device="cuda", dtype=DTYPE)
         self.v = torch.randn(batch, kv_len, HEADS_KV, HEAD_DIM, device="cuda", dtype=DTYPE)
@@ -82,14 +94,18 @@ class Decode:
         self.bytes = 2 * batch * kv_len * HEADS_KV * HEAD_DIM * self.k.element_size()
 
     def paged(self, page):
-        """(k_pages, v_pages, block_table) holding the same keys in shuffled pages."""
-        blocks = self.kv_len // page
+        """(k_pages, v_pages, block_table) holding the same keys in shuffled pages (the last page
+        of a sequence partly filled, with zeros, when page does not divide kv_len)."""
+        blocks = -(-self.kv_len // page)
         perm = torch.randperm(self.batch * blocks, device="cuda")
         table = perm.view(self.batch, blocks).to(torch.int32)
-        kp = torch.empty(self.batch * blocks, page, HEADS_KV, HEAD_DIM, device="cuda", dtype=DTYPE)
+        shape = (self.batch * blocks, page, self.heads_kv, self.head_dim)
+        kp = torch.empty(shape, device="cuda", dtype=DTYPE)
         vp = torch.empty_like(kp)
-        kp[perm] = self.k.reshape(self.batch * blocks, page, HEADS_KV, HEAD_DIM)
-        vp[perm] = self.v.reshape(self.batch * blocks, page, HEADS_KV, HEAD_DIM)
+        for pages, x in ((kp, self.k), (vp, self.v)):
+            if blocks * page != self.kv_len:
+                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, blocks * page - self.kv_len))
+            pages[perm] = x.reshape(shape)
         return kp, vp, table
 
     def flashattn_fn(self, page, splits=0):
@@ -117,12 +133,12 @@ class Decode:
         d) f32; SDPA's math backend over the whole cache expanded K/V to every query head in f32
         (8 GiB at 1 x 256k) right before the next shape allocated its cache (docs/inference.md)."""
         out = self.flashattn_fn(page)().float()
-        group = HEADS_Q // HEADS_KV
+        group = self.heads_q // self.heads_kv
         worst = 0.0
-        for hk in range(HEADS_KV):
+        for hk in range(self.heads_kv):
             q = self.q[:, 0, hk * group:(hk + 1) * group].float()    # (batch, group, d)
             k = self.k[:, :, hk].float()                                # (batch, kv_len, d)
-            p = torch.softmax(q @ k.transpose(1, 2) * HEAD_DIM ** -0.5, dim=-1)
+            p = torch.softmax(q @ k.transpose(1, 2) * self.head_dim ** -0.5, dim=-1)
             ref = p @ self.v[:, :, hk].float()                          # (batch, group, d)
             worst = max(worst, (out[:, 0, hk * group:(hk + 1) * group] - ref).abs().max().item())
             del q, k, p, ref
@@ -178,8 +194,13 @@ def eager_host_us(calls=200):
     rows = {}
     for name, fn in (("flashattn", d.flashattn_fn(0)),
                      ("torch FA2", d.sdpa_fn(SDPBackend.FLASH_ATTENTION))):
-        for _ in range(20):
-            fn()
+        try:
+            for _ in range(20):
+                fn()
+        except RuntimeError:  # torch without a kernel for this head dim: left out of the line
+            if name == "flashattn":
+                raise
+            continue
         torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(calls):
@@ -189,14 +210,75 @@ def eager_host_us(calls=200):
     return rows
 
 
-def main():
+def _int_list(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def page_columns(pages):
+    """The page sizes as timed: the contiguous cache (0) first, then each other size once, in
+    the order given."""
+    if any(p < 0 for p in pages):
+        raise ValueError(f"page sizes must be 0 (contiguous) or from 1, got {pages}")
+    rest = []
+    for p in pages:
+        if p and p not in rest:
+            rest.append(p)
+    return [0] + rest
+
+
+def sdpa_gbs(d, backend):
+    """GB/s of torch SDPA with `backend`, or None when it has no kernel for the shape (raised
+    by the warm-up calls, before any capture begins)."""
+    try:
+        return gbs(d.bytes, graph_time_us(d.sdpa_fn(backend)))
+    except RuntimeError as e:
+        print(f"# {backend.name} at batch {d.batch} x {d.kv_len}: {str(e).splitlines()[0]}",
+              flush=True)
+        return None
+
+
+def _f(x, spec):
+    return "n/a" if x is None else format(x, spec)
+
+
+def _ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def main(argv=None):
+    global HEADS_Q, HEADS_KV, HEAD_DIM
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--quick", action="store_true", help="three shapes only")
     ap.add_argument("--chunked", action="store_true",
                     help="also chunked prefill against the cache (seqlen_q 512-4096)")
-    args = ap.parse_args()
+    ap.add_argument("--page-sizes", type=_int_list, default=PAGE_SIZES, metavar="P,P,...",
+                    help="cache page sizes to time, 0 for the contiguous cache (always timed, "
+                         "listed first), any other from 1, e.g. 0,256,64,16,1 (default: "
+                         + ",".join(map(str, PAGE_SIZES)) + ")")
+    ap.add_argument("--heads", type=_int_list, default=[HEADS_Q, HEADS_KV], metavar="HQ,HKV",
+                    help=f"query heads and KV heads (default: {HEADS_Q},{HEADS_KV})")
+    ap.add_argument("--hdim", type=int, default=HEAD_DIM,
+                    help=f"head dim, e.g. 64, 128 or 256 (default: {HEAD_DIM})")
+    args = ap.parse_args(argv)
+    if len(args.heads) != 2 or min(args.heads) < 1 or args.heads[0] % args.heads[1]:
+        ap.error(f"--heads takes HQ,HKV with HQ a multiple of HKV, got {args.heads}")
+    if args.hdim < 1:
+        ap.error(f"--hdim must be positive, got {args.hdim}")
+    try:
+        pages = page_columns(args.page_sizes)
+    except ValueError as e:
+        ap.error(str(e))
+    HEADS_Q, HEADS_KV = args.heads
+    HEAD_DIM = args.hdim
+    paged = pages[1:]
     props = torch.cuda.get_device_properties(0)
+    columns = (["batch", "kv len", "flashattn"] + [f"paged {p}" for p in paged] +
+               ["torch FA2", "cuDNN", "vs FA2", "vs cuDNN"] +
+               [f"paged {p} / contiguous" for p in paged] + ["max diff"])
     lines = [f"# Decode, {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
              f"flashattn {flashattn.library_commit()}",
              "",
@@ -206,19 +288,20 @@ def main():
              "Ceilings: device-to-device copy {:.0f} GB/s (read + write), read-only sum {:.0f} GB/s"
              .format(*ceilings_gbs()),
              "",
-             "| batch | kv len | flashattn | paged 64 | paged 16 | torch FA2 | cuDNN | vs FA2 | vs cuDNN "
-             "| paged 64 / contiguous | paged 16 / contiguous | max diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| " + " | ".join(columns) + " |",
+             "|" + "---|" * len(columns)]
     print("\n".join(lines), flush=True)
     for batch, kv_len in (QUICK_SHAPES if args.quick else SHAPES):
         d = Decode(batch, kv_len)
-        ours = [gbs(d.bytes, graph_time_us(d.flashattn_fn(page))) for page in PAGE_SIZES]
-        fa2 = gbs(d.bytes, graph_time_us(d.sdpa_fn(SDPBackend.FLASH_ATTENTION)))
-        cudnn = gbs(d.bytes, graph_time_us(d.sdpa_fn(SDPBackend.CUDNN_ATTENTION)))
-        diff = max(d.max_difference(page) for page in PAGE_SIZES)
-        row = (f"| {batch} | {kv_len} | {ours[0]:.0f} | {ours[1]:.0f} | {ours[2]:.0f} | {fa2:.0f} | "
-               f"{cudnn:.0f} | {ours[0] / fa2:.2f} | {ours[0] / cudnn:.2f} | {ours[1] / ours[0]:.2f} | "
-               f"{ours[2] / ours[0]:.2f} | {diff:.1e} |")
+        ours = [gbs(d.bytes, graph_time_us(d.flashattn_fn(page))) for page in pages]
+        fa2 = sdpa_gbs(d, SDPBackend.FLASH_ATTENTION)
+        cudnn = sdpa_gbs(d, SDPBackend.CUDNN_ATTENTION)
+        diff = max(d.max_difference(page) for page in pages)
+        cells = ([str(batch), str(kv_len)] + [f"{x:.0f}" for x in ours] +
+                 [_f(fa2, ".0f"), _f(cudnn, ".0f"), _f(_ratio(ours[0], fa2), ".2f"),
+                  _f(_ratio(ours[0], cudnn), ".2f")] +
+                 [f"{x / ours[0]:.2f}" for x in ours[1:]] + [f"{diff:.1e}"])
+        row = "| " + " | ".join(cells) + " |"
         lines.append(row)
         print(row, flush=True)
         del d

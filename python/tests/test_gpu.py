@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 import flashattn  # noqa: E402
 from _torch_reference import f64, ref_attention, visible_mask  # noqa: E402
 from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from test_variants import _torch_ref as extras_reference  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -296,3 +297,113 @@ def test_dropout_matches_float64_reference_with_its_mask(dtype, d, causal, p):
     lp_grads = torch.autograd.grad(lp, leaves_lp, dout)
     for name, gg, w, l in zip(("dq", "dk", "dv"), got, want, lp_grads):
         assert_within(gg, w, l, name, slack=1e-3)
+
+
+# ----------------------------------------------------------------------------
+# ALiBi (alibi_slopes) and attention sinks (sinks, learnable) in prefill, forward and backward,
+# against test_variants' reference (the sink as an extra softmax column): in float64 for the
+# reference, in bf16 (naive, as flash-attn's reference) for the error allowed.
+
+
+def _check_extras(call, reference, leaves, has_sinks):
+    """call(q, k, v, sinks) -> (out, lse) through flashattn; reference(q, k, v, sinks) -> the
+    same in torch. leaves: q, k, v (bf16) and sinks (float32 (heads,), requires_grad). Checks
+    out against the float64 reference within assert_within's allowance (the bf16 reference's
+    error), lse to 1e-3, then dq, dk, dv and d sinks the same way."""
+    def copies(to):  # leaf copies (sinks None stays None)
+        return tuple(None if t is None else to(t.detach()).requires_grad_() for t in leaves)
+
+    out, lse = call(*leaves)
+    leaves64, leaves_lp = copies(torch.Tensor.double), copies(torch.Tensor.clone)
+    ref64, lse64 = reference(*leaves64)
+    lp, _ = reference(*leaves_lp)
+    assert out.dtype == leaves[0].dtype and out.shape == leaves[0].shape
+    assert_within(out, ref64.detach(), lp.detach(), "out")
+    torch.testing.assert_close(lse.double(), lse64.detach(), rtol=1e-3, atol=1e-3)
+    needs_backward()
+    n = 4 if has_sinks else 3
+    dout = torch.randn(out.shape, device=DEV, dtype=out.dtype,
+                       generator=torch.Generator(device=DEV).manual_seed(11))
+    got = torch.autograd.grad(out, leaves[:n], dout)
+    want = torch.autograd.grad(ref64, leaves64[:n], dout.double())
+    lp_grads = torch.autograd.grad(lp, leaves_lp[:n], dout)
+    for name, a, r, t in zip(("dq", "dk", "dv", "dsinks"), got, want, lp_grads):
+        assert a.dtype == t.dtype and a.shape == r.shape, name
+        # dsinks sums over every query row of its head: its rounding error grows with the
+        # rows, as its value does (0.1-0.3% of it in bf16), hence a slack relative to it.
+        slack = 1e-3 + (3e-3 * r.abs().max().item() if name == "dsinks" else 0.0)
+        assert_within(a, r, t, name, slack=slack)
+
+
+def _extras(g, b, hq, alibi, sinks):
+    """(sinks (hq,) float32 requiring grad, or None; slopes (hq,) / (b, hq) float32, or None)."""
+    z = (torch.randn(hq, device=DEV, generator=g) * 2).requires_grad_() if sinks else None
+    shape = {"head": (hq,), "batch": (b, hq), None: None}[alibi]
+    slopes = None if shape is None else torch.rand(shape, device=DEV, generator=g) * 0.3
+    return z, slopes
+
+
+EXTRAS_CASES = [(113, 203, d, causal, alibi, sinks) for d in (64, 128) for causal in (False, True)
+                for alibi, sinks in ((None, True), ("head", False), ("batch", False),
+                                     ("head", True), ("batch", True))] + [
+    (203, 113, 128, True, "head", True),   # causal, seqlen_q > seqlen_k: rows with no key (lse = sink)
+    (203, 113, 64, True, None, True),
+]
+
+
+@pytest.mark.parametrize("sq,sk,d,causal,alibi,sinks", EXTRAS_CASES)
+def test_alibi_and_sinks_forward_backward_vs_float64(sq, sk, d, causal, alibi, sinks):
+    """flash_attn_func with alibi_slopes (heads) or (batch, heads) and/or learnable sinks, bf16,
+    GQA 8/2, odd lengths: out, lse, dq, dk, dv and d sinks against float64."""
+    g = torch.Generator(device=DEV).manual_seed(8)
+    b, hq, hkv, dt = 2, 8, 2, torch.bfloat16
+    q = torch.randn(b, sq, hq, d, device=DEV, dtype=dt, generator=g).requires_grad_()
+    k = torch.randn(b, sk, hkv, d, device=DEV, dtype=dt, generator=g).requires_grad_()
+    v = torch.randn(b, sk, hkv, d, device=DEV, dtype=dt, generator=g).requires_grad_()
+    z, slopes = _extras(g, b, hq, alibi, sinks)
+
+    def call(q, k, v, z):
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, alibi_slopes=slopes, sinks=z,
+                                      return_attn_probs=True)
+        return out, lse
+
+    def reference(q, k, v, z):
+        return extras_reference(q, k, v, causal, slopes, z)
+
+    _check_extras(call, reference, (q, k, v, z), sinks)
+
+
+@pytest.mark.parametrize("alibi", ["head", "batch"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_alibi_and_sinks_forward_backward_vs_float64(d, causal, alibi):
+    """flash_attn_varlen_func with alibi_slopes (heads) or (sequences, heads) and learnable
+    sinks, bf16, GQA 8/2: out, lse (heads, total_q), dq, dk, dv and d sinks against float64,
+    each sequence's reference on its own (the last, causal, has rows with no key)."""
+    g = torch.Generator(device=DEV).manual_seed(9)
+    lens_q, lens_k = [113, 1, 77, 40], [203, 64, 77, 9]
+    hq, hkv, dt = 8, 2, torch.bfloat16
+    cu_q = torch.tensor([0] + lens_q, device=DEV).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device=DEV).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(lens_q), hq, d, device=DEV, dtype=dt, generator=g).requires_grad_()
+    k = torch.randn(sum(lens_k), hkv, d, device=DEV, dtype=dt, generator=g).requires_grad_()
+    v = torch.randn(sum(lens_k), hkv, d, device=DEV, dtype=dt, generator=g).requires_grad_()
+    z, slopes = _extras(g, len(lens_q), hq, alibi, True)
+
+    def call(q, k, v, z):
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                             causal=causal, alibi_slopes=slopes, sinks=z,
+                                             return_attn_probs=True)
+        return out, lse
+
+    def reference(q, k, v, z):
+        outs, lses = [], []
+        for i in range(len(lens_q)):
+            qs, qe, ks, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+            sl = slopes if slopes.dim() == 1 else slopes[i]
+            o, l_ = extras_reference(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], causal, sl, z)
+            outs.append(o[0])
+            lses.append(l_[0])
+        return torch.cat(outs), torch.cat(lses, dim=1)
+
+    _check_extras(call, reference, (q, k, v, z), True)

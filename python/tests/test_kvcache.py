@@ -242,20 +242,26 @@ def gpu_test(f):
     return pytest.mark.gpu(f)
 
 
-@gpu_test
-@pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_cuda_matches_reference(rng, case, dtype):
-    dt = getattr(torch, dtype)
-    lengths, sq, hq, hkv, d, new, page, rd, inter, causal, window, softcap = CASES[case]
-    c = Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter)
-    # The reference sees the inputs as the GPU does: rounded to the dtype.
+def _rounded(c, dt):
+    """c with its inputs (and rotary tables) rounded to dt, as the GPU sees them, so that
+    c.expected() is the float64 reference of the call in dt."""
     for name in ("q", "k_cache", "v_cache", "k", "v"):
         x = getattr(c, name)
         if x is not None:
             setattr(c, name, torch.from_numpy(x).to(dt).float().numpy())
     if c.rotary is not None:
         c.rotary = tuple(torch.from_numpy(t).to(dt).float().numpy() for t in c.rotary)
+    return c
+
+
+@gpu_test
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_matches_reference(rng, case, dtype):
+    dt = getattr(torch, dtype)
+    lengths, sq, hq, hkv, d, new, page, rd, inter, causal, window, softcap = CASES[case]
+    # The reference sees the inputs as the GPU does: rounded to the dtype.
+    c = _rounded(Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter), dt)
     eo, el, ek, ev = c.expected(causal, window, softcap)
     out, lse, kc, vc = torch_call(c, "cuda", dt, causal, window, softcap)
     tol = 2e-2 if dtype == "bfloat16" else 4e-3
@@ -381,3 +387,83 @@ def test_cuda_alibi_and_sinks_match_reference(rng, causal, page, slopes_shape, s
         *a, **k, **kw))
     np.testing.assert_allclose(out.float().cpu().numpy(), eo, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(lse.cpu().numpy(), el, rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------- torch.compile on CUDA, opcheck of the op
+
+
+COMPILE_CASES = [
+    # lengths, seqlen_q, hq, hkv, d, new, page, rotary_dim, interleaved, causal
+    ([100, 7, 600], 1, 8, 2, 128, 1, 0, 64, False, True),     # contiguous, one decode step
+    ([64, 200], 4, 8, 2, 64, 4, 16, 32, True, True),          # paged, appends cross a page
+    ([300, 21], 2, 8, 1, 128, 2, 1, 128, False, False),       # page size 1, full rotary, MQA
+    ([500, 130], 80, 8, 2, 128, 80, 64, 128, False, True),    # 80-row chunk (sm_90: forward route)
+]
+
+
+@gpu_test
+@pytest.mark.parametrize("lengths,sq,hq,hkv,d,new,page,rd,inter,causal", COMPILE_CASES)
+def test_cuda_compile_fullgraph_matches_eager_and_reference(rng, lengths, sq, hq, hkv, d, new,
+                                                            page, rd, inter, causal):
+    """torch.compile(fullgraph=True) (inductor) of flash_attn_with_kvcache on CUDA tensors: the
+    traced op appends the rotated new keys and the values into the caches (the graph's inputs) as
+    the eager call does, and out / lse match the eager call and the float64 reference."""
+    dt = torch.bfloat16
+    c = _rounded(Cache(rng, lengths, sq, hq, hkv, d, new, page, rd, inter), dt)
+    eo, el, ek, ev = c.expected(causal, (-1, -1), 0.0)
+    torch._dynamo.reset()
+    compiled = torch.compile(flashattn.flash_attn_with_kvcache, fullgraph=True)
+    # torch_call copies the caches afresh: each call appends into its own.
+    want = torch_call(c, "cuda", dt, causal)
+    got = torch_call(c, "cuda", dt, causal, fn=compiled)
+    torch.cuda.synchronize()
+    for name, g, w in zip(("out", "lse", "k_cache", "v_cache"), got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        torch.testing.assert_close(g, w, msg=lambda m: f"{name}, compiled against eager: {m}")
+    out, lse, kc, vc = (t.float().cpu().numpy() for t in got)
+    np.testing.assert_allclose(out, eo, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(lse, el, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(kc, ek, rtol=2e-2, atol=2e-2)  # appended keys rotated
+    np.testing.assert_array_equal(vc, ev)                      # values copied, nothing else moved
+
+
+OPCHECK_CASES = {
+    # Cache(lengths, seqlen_q, hq, hkv, d, new, page, rotary_dim, interleaved), causal, extras
+    "paged_rotary_append": (([33, 70], 2, 4, 2, 64, 2, 16, 32, False), True, False),
+    "contiguous_append_alibi_sinks": (([20, 9, 41], 3, 4, 1, 64, 3, 0, 0, False), False, True),
+    "no_new_tokens": (([50, 1], 1, 8, 2, 128, 0, 64, 0, False), True, False),
+}
+
+
+def _opcheck_fwd_kvcache(rng, device, dtype, case):
+    cache_args, causal, extras = OPCHECK_CASES[case]
+    c = Cache(rng, *cache_args)
+    t = lambda x: to_torch(x, device, dtype)  # noqa: E731
+    hq, d = c.q.shape[2], c.q.shape[3]
+    cos, sin = (None, None) if c.rotary is None else (t(c.rotary[0]), t(c.rotary[1]))
+    slopes = sinks = None
+    if extras:
+        slopes = torch.rand(len(c.lengths), hq, device=device) * 0.2
+        sinks = torch.randn(hq, device=device)
+    args = (t(c.q), t(c.k_cache), t(c.v_cache), t(c.k), t(c.v), cos, sin, t(c.lengths), 0, None,
+            t(c.block_table), d ** -0.5, causal, -1, -1, 0.0, c.interleaved, 0, slopes, sinks)
+    # All of opcheck's default tests (test_schema, test_autograd_registration, test_faketensor,
+    # test_aot_dispatch_dynamic) pass on the CPU backend: none is left out. They can fail here:
+    # test_schema runs the op and fails if it writes k_cache / v_cache without declaring them in
+    # mutates_args (or writes anything else), test_faketensor if the fake's out / lse shapes or
+    # dtypes differ from the real call's, test_aot_dispatch_dynamic if the functionalized op
+    # (torch.compile's view of a mutating op) gives other outputs or cache contents than eager.
+    # The appends write the same rows on every run (cache_seqlens stay), so reruns agree.
+    torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default, args)
+
+
+@needs_torch
+@pytest.mark.parametrize("case", sorted(OPCHECK_CASES))
+def test_torch_opcheck_fwd_kvcache_cpu(rng, case):
+    _opcheck_fwd_kvcache(rng, "cpu", torch.float32, case)
+
+
+@gpu_test
+@pytest.mark.parametrize("case", sorted(OPCHECK_CASES))
+def test_cuda_opcheck_fwd_kvcache(rng, case):
+    _opcheck_fwd_kvcache(rng, "cuda", torch.bfloat16, case)

@@ -198,7 +198,8 @@ inline std::vector<Case> variants_suite(const std::vector<fa_dtype>& dtypes,
 }
 
 // Dropout (p = 0.17 and 0.5) alone and with causal, windows, softcap, GQA,
-// varlen, ALiBi and sinks, odd sizes; every head dim in `head_dims` once.
+// varlen, ALiBi and sinks (with and without softcap), odd sizes; every head
+// dim in `head_dims` once.
 // NOTES: no row sees a single key here. There P = 1 and dS = z dP - D = 0
 // exactly; naive attention gets 0, the backends form D = dO . O from O
 // rounded to the dtype (z V is not exact in it), leaving u |dP|, which the
@@ -239,14 +240,28 @@ inline std::vector<Case> dropout_suite(const std::vector<fa_dtype>& dtypes,
       cases.push_back(c);
     }
   }
+  // Softcap with ALiBi and sinks (on an H100 the sm80 backward runs that with
+  // dropout); seeds of their own, so the cases above keep theirs.
+  seed = 2900;
+  for (fa_dtype dt : dtypes) {
+    Case c = make_case(dt, 113, 203, 64, seed++);
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.softcap = 5.0f;
+    c.alibi = Case::Alibi::kPerHead;
+    c.sinks = true;
+    c.dropout_p = 0.17f;
+    cases.push_back(c);
+  }
   return cases;
 }
 
 // Block masks (fa_block_mask) of density 0, 0.1, 0.5 and 1, with block sizes
 // that divide no sequence length (and FlexAttention's 128 x 128), alone and
 // with causal, window + softcap, GQA with lists shared by every sequence and
-// head, varlen (with empty sequences), ALiBi + sinks, dropout, odd sizes;
-// every head dim in `head_dims` once at density 0.5.
+// head, varlen (with empty sequences), ALiBi + sinks, dropout, all of causal,
+// window, softcap, ALiBi and sinks together, odd sizes; every head dim in
+// `head_dims` once at density 0.5.
 inline std::vector<Case> block_sparse_suite(const std::vector<fa_dtype>& dtypes,
                                             const std::vector<int>& head_dims) {
   std::vector<Case> cases;
@@ -293,6 +308,29 @@ inline std::vector<Case> block_sparse_suite(const std::vector<fa_dtype>& dtypes,
       c.block_q = 16;
       c.block_k = 32;
       c.block_density = 0.5;
+      cases.push_back(c);
+    }
+  }
+  // Every element mask and score modifier at once: causal, a window, softcap,
+  // ALiBi per sequence and head, sinks, GQA (on an H100 the sm80 backward runs
+  // softcap with ALiBi and a block mask); seeds of their own, so the cases
+  // above keep theirs.
+  seed = 3900;
+  for (fa_dtype dt : dtypes) {
+    for (double density : {0.1, 0.5, 1.0}) {
+      Case c = make_case(dt, 113, 203, 64, seed++);
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.batch = 2;
+      c.causal = true;
+      c.window_left = 40;
+      c.window_right = 0;
+      c.softcap = 5.0f;
+      c.alibi = Case::Alibi::kPerBatchHead;
+      c.sinks = true;
+      c.block_q = 16;
+      c.block_k = 32;
+      c.block_density = density;
       cases.push_back(c);
     }
   }
