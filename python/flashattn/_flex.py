@@ -113,8 +113,11 @@ def _differs(what, b, h, i, j, call):
         f"(docs/variants.md, Bringing a FlexAttention BlockMask)")
 
 
-def _check_partial(mask_mod, num, indices, bq, bk, call):
+def _check_partial(mask_mod, num, indices, bq, bk, call, lengths):
     b, h, qb, kb = _listed(num, indices)
+    rows_end, keys_end = min(call.sq, lengths[0]), min(call.sk, lengths[1])
+    if rows_end <= 0 or keys_end <= 0:
+        return
     rows = torch.arange(bq, device=qb.device)
     keys = torch.arange(bk, device=qb.device)
     for s in range(0, b.numel(), _BLOCKS_PER_BATCH):
@@ -122,8 +125,10 @@ def _check_partial(mask_mod, num, indices, bq, bk, call):
         i = qb[part, None] * bq + rows
         j = kb[part, None] * bk + keys
         want = call.visible(i[:, :, None], j[:, None, :])
-        inside = (i[:, :, None] < call.sq) & (j[:, None, :] < call.sk)
-        got = _evaluate(mask_mod, b[part], h[part], i, j)
+        inside = (i[:, :, None] < rows_end) & (j[:, None, :] < keys_end)
+        # mask_mod is defined inside the sequence only (it may index arrays of its length):
+        # the pairs past it are evaluated at the last row / key and not compared.
+        got = _evaluate(mask_mod, b[part], h[part], i.clamp(max=rows_end - 1), j.clamp(max=keys_end - 1))
         bad = (got != want) & inside
         if bool(bad.any()):
             p, r, c = (x[0].item() for x in bad.nonzero(as_tuple=True))
@@ -155,7 +160,9 @@ def check_block_mask(block_mask, parts, sq, sk, causal, window):
         return
     bq, bk, num, indices, full_num, full_indices = parts
     with torch.no_grad():
-        _check_partial(mask_mod, torch.as_tensor(num), torch.as_tensor(indices), bq, bk, call)
+        # the lengths mask_mod was made for (create_block_mask's), where the BlockMask says
+        lengths = tuple(getattr(block_mask, "seq_lengths", None) or (call.sq, call.sk))
+        _check_partial(mask_mod, torch.as_tensor(num), torch.as_tensor(indices), bq, bk, call, lengths)
         if full_num is not None and full_indices is not None:
             _check_full(torch.as_tensor(full_num), torch.as_tensor(full_indices), bq, bk, call)
     if entry is None or entry[0]() is not block_mask:

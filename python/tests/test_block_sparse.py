@@ -229,10 +229,11 @@ def test_torch_create_block_mask_causal_and_window(kind, block):
 
 
 def test_torch_document_mask_with_block_aligned_documents():
-    """A document mask of one packed sequence (documents on block boundaries): the lists
-    say which document blocks meet, causal=True does the rest."""
+    """A document mask of one packed sequence (documents starting on block boundaries, the
+    last one ending inside a block): the lists say which document blocks meet, causal=True
+    does the rest (and the mask_mod check reads no document id past the sequence)."""
     torch, flex = _flex()
-    docs = torch.tensor([0] * 64 + [1] * 96 + [2] * 32 + [3] * 48)
+    docs = torch.tensor([0] * 64 + [1] * 96 + [2] * 32 + [3] * 43)
     n = len(docs)
 
     def mask_mod(b, h, i, j):
