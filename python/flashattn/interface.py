@@ -17,7 +17,10 @@ denominator, no value); with torch, a tensor autograd differentiates.
 
 Dropout (dropout_p > 0, torch tensors, CPU and CUDA): the Philox seed
 and offset are drawn from torch's default CPU generator, so torch.manual_seed
-makes a step reproducible; the backward reuses them. The mask draws 8-bit
+makes a step reproducible; the backward reuses them. Under torch.compile the draw
+is part of the graph (a new mask per call); under CUDA-graph capture a call with
+dropout raises RuntimeError (the seed would be fixed at capture: every replay
+would drop the same entries). The mask draws 8-bit
 random values, as flash-attn's kernels do: dropout_p is rounded to a multiple of
 1/256 (at most 255/256), p8 = min(floor(dropout_p * 256 + 1/2), 255) / 256, and kept
 probabilities are scaled by 1 / (1 - p8), so the expectation is exact; a
@@ -112,10 +115,16 @@ def _pad_numpy(x, multiple=8):
     return np.pad(x, pad)
 
 
-def _dropout(dropout_p):
+def _dropout(q, dropout_p):
     """(p, seed, offset): Philox seed and offset from torch's default CPU generator."""
     if not dropout_p:
         return (0.0, 0, 0)
+    if q.is_cuda and not _torch_ops._compiling() and torch.cuda.is_current_stream_capturing():
+        # The seed is a value of the captured call: every replay would draw the same mask.
+        raise RuntimeError(
+            f"flashattn: dropout_p={dropout_p} under CUDA-graph capture: the Philox seed is drawn "
+            "on the host when the call is made, so every replay of the graph would drop the same "
+            "entries; run dropout steps eagerly or under torch.compile without CUDA graphs")
     seed, offset = torch.randint(0, 2 ** 62, (2,), dtype=torch.int64).tolist()
     return (float(dropout_p), seed, offset)
 
@@ -177,7 +186,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
-        dropout = _dropout(dropout_p)
+        dropout = _dropout(q, dropout_p)
         parts = _capi.block_mask_parts(block_mask)
         if parts is not None and not _torch_ops._compiling():
             _flex.check_block_mask(block_mask, parts, q.shape[1], k.shape[1], bool(causal), window)
@@ -216,7 +225,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = _scale(softmax_scale, q.shape[-1])
     if _is_torch(q):
         head_dim = q.shape[-1]
-        dropout = _dropout(dropout_p)
+        dropout = _dropout(q, dropout_p)
         out, lse = _torch_ops.varlen_attention(_pad_torch(q), _pad_torch(k), _pad_torch(v),
                                          cu_seqlens_q, cu_seqlens_k,
                                          _capi._int32(max_seqlen_q, "max_seqlen_q"),

@@ -189,6 +189,19 @@ def test_varlen_forward_and_backward_in_a_cuda_graph():
     torch.cuda.synchronize()
 
 
+def test_dropout_under_cuda_graph_capture_is_refused():
+    """A captured call would replay its capture-time seed (the same mask every step): the
+    call raises RuntimeError during capture instead; the capture ends cleanly."""
+    q = torch.randn(1, 64, 2, 64, device=DEV, dtype=torch.bfloat16)
+    flash_attn_func(q, q, q, dropout_p=0.1)  # eager: allowed
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="under CUDA-graph capture"):
+        with torch.cuda.graph(graph):
+            flash_attn_func(q, q, q, dropout_p=0.1)
+    torch.cuda.synchronize()
+    assert torch.isfinite(flash_attn_func(q, q, q, dropout_p=0.1)).all()
+
+
 def test_runs_on_current_stream():
     g = torch.Generator(device=DEV).manual_seed(4)
     q = torch.randn(4, 512, 8, 64, device=DEV, dtype=torch.float16, generator=g)
