@@ -14,7 +14,8 @@ Otherwise the result would not be the BlockMask's attention, and the call raises
 ValueError naming the first pair that differs. The check runs once per (mask, call
 shape and element mask) and is remembered while the BlockMask lives; masks without a
 mask_mod (flashattn.BlockMask, or FlexAttention's noop_mask) are taken as they are.
-It runs in eager calls; under torch.compile the lists are taken as they are.
+It runs in eager calls; under torch.compile and CUDA-graph capture (which its
+evaluation would break) the lists are taken as they are.
 """
 
 import contextlib

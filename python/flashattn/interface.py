@@ -36,8 +36,9 @@ query block visits only its listed key blocks; the element mask of the call (cau
 window_size, sequence lengths) applies inside them, and no mask_mod is evaluated:
 pass its equivalent as causal / window_size / cu_seqlens. flash_attn_func checks a
 FlexAttention BlockMask's mask_mod against that element mask inside the blocks it lists
-(once per mask and call shape) and raises ValueError where they differ; varlen calls
-and calls under torch.compile take the lists as they are. Lists on a GPU are copied to
+(once per mask and call shape) and raises ValueError where they differ; varlen calls,
+calls under torch.compile and calls captured into a CUDA graph take the lists as they
+are (the warm-up call before a capture checks them). Lists on a GPU are copied to
 the host per call; under CUDA-graph capture a mask is taken when a call before the
 capture (the warm-up) had the same lists, unmodified (docs/variants.md).
 
@@ -115,11 +116,16 @@ def _pad_numpy(x, multiple=8):
     return np.pad(x, pad)
 
 
+def _capturing(q) -> bool:
+    """Whether q's CUDA stream is being captured into a CUDA graph (eager calls only)."""
+    return q.is_cuda and not _torch_ops._compiling() and torch.cuda.is_current_stream_capturing()
+
+
 def _dropout(q, dropout_p):
     """(p, seed, offset): Philox seed and offset from torch's default CPU generator."""
     if not dropout_p:
         return (0.0, 0, 0)
-    if q.is_cuda and not _torch_ops._compiling() and torch.cuda.is_current_stream_capturing():
+    if _capturing(q):
         # The seed is a value of the captured call: every replay would draw the same mask.
         raise RuntimeError(
             f"flashattn: dropout_p={dropout_p} under CUDA-graph capture: the Philox seed is drawn "
@@ -188,7 +194,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         head_dim = q.shape[-1]
         dropout = _dropout(q, dropout_p)
         parts = _capi.block_mask_parts(block_mask)
-        if parts is not None and not _torch_ops._compiling():
+        if parts is not None and not _torch_ops._compiling() and not _capturing(q):
             _flex.check_block_mask(block_mask, parts, q.shape[1], k.shape[1], bool(causal), window)
         out, lse = _torch_ops.attention(_pad_torch(q), _pad_torch(k), _pad_torch(v), scale,
                                   bool(causal), window[0], window[1], float(softcap),
