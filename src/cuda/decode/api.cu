@@ -234,8 +234,10 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStre
 
 template <typename T, int HeadDim, int RingBytes>
 fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
-  return kp.is_paged() ? launch_decode<T, HeadDim, RingBytes, decode::PagedKv>(kp, w, stream)
-                       : launch_decode<T, HeadDim, RingBytes, decode::ContiguousKv>(kp, w, stream);
+  if (!kp.is_paged()) return launch_decode<T, HeadDim, RingBytes, decode::ContiguousKv>(kp, w, stream);
+  return kp.block_size % decode::block_keys(HeadDim) == 0
+             ? launch_decode<T, HeadDim, RingBytes, decode::PagedTilesKv>(kp, w, stream)
+             : launch_decode<T, HeadDim, RingBytes, decode::PagedRowsKv>(kp, w, stream);
 }
 
 template <typename T, int HeadDim>

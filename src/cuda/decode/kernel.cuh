@@ -81,6 +81,40 @@ __device__ __forceinline__ void for_tile_rows(const KvCacheParams& p, const Tile
   }
 }
 
+// Whether key tile `tile` is whole: every row inside the sequence and no
+// column past the head dim, so none of its copies needs a check.
+template <int HeadDim>
+__device__ __forceinline__ bool whole_tile(const KvCacheParams& p, const TileWork& t, int tile) {
+  return p.attn.head_dim == HeadDim && (tile + 1) * Traits<HeadDim>::kBlockK <= t.keys;
+}
+
+// for_tile_rows of a whole tile whose rows lie at the cache's row stride from
+// the thread's first one (Source::tile_rows gave its offsets k_first, v_first):
+// f(ring element, k_off, v_off, chunk) per chunk (the ring elements depend on
+// the thread and n only: fixed per thread).
+// NOTES: the per-row path checks, translates and swizzles every row (~260
+// instructions a warp per d128 tile, ncu); on the critical path of a short
+// split (batch 1: two tiles a split) that delayed the last copies' issue by
+// microseconds. Here a row is two additions and its copies.
+template <int HeadDim, class Source, class F>
+__device__ __forceinline__ void for_whole_tile_rows(const KvCacheParams& p, int64_t k_first, int64_t v_first,
+                                                    F&& f) {
+  using Tr = Traits<HeadDim>;
+  using Map = typename Source::Map;
+  const int chunk0 = Map::chunk0(), key0 = Map::key0();
+  const int64_t k_pass = int64_t{Map::kRowsPerPass} * p.attn.k_row_stride;
+  const int64_t v_pass = int64_t{Map::kRowsPerPass} * p.attn.v_row_stride;
+#pragma unroll
+  for (int n = 0; n < Map::kRowsPerThread; ++n) {
+#pragma unroll
+    for (int seg = 0; seg < Map::kSegments; ++seg) {
+      const int chunk = chunk0 + seg * Map::kLaneChunks;
+      f(Tr::ring_elem(key0 + n * Map::kRowsPerPass, chunk), k_first + n * k_pass + chunk * 8,
+        v_first + n * v_pass + chunk * 8, chunk);
+    }
+  }
+}
+
 // Issues the cp.async copies of key tile `tile` (K and V rows) into a ring
 // stage; rows and columns that are not valid are zero-filled.
 template <typename T, int HeadDim, class Source>
@@ -90,6 +124,14 @@ __device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork
   using Tr = Traits<HeadDim>;
   const T* k = static_cast<const T*>(p.attn.k);
   const T* v = static_cast<const T*>(p.attn.v);
+  int64_t k_first, v_first;
+  if (whole_tile<HeadDim>(p, t, tile) && src.tile_rows(rows, tile, k_first, v_first)) {
+    for_whole_tile_rows<HeadDim, Source>(p, k_first, v_first, [&](int elem, int64_t k_off, int64_t v_off, int) {
+      cp_async_row_16(smem_addr(stage + elem), k + k_off, true, policy);
+      cp_async_row_16(smem_addr(stage + Tr::kBlockElems + elem), v + v_off, true, policy);
+    });
+    return;
+  }
   for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int key, int chunk, bool valid, int64_t k_off, int64_t v_off) {
     T* dst = stage + Tr::ring_elem(key, chunk);
     cp_async_row_16(smem_addr(dst), k + (valid ? k_off : 0), valid, policy);
@@ -106,10 +148,19 @@ __device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const Tile
   using Tr = Traits<HeadDim>;
   const T* k = static_cast<const T*>(p.attn.k);
   const T* v = static_cast<const T*>(p.attn.v);
-  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int, int chunk, bool valid, int64_t k_off, int64_t v_off) {
-    if (!valid || chunk % Tr::kLineChunks != 0) return;
+  const auto line = [&](int64_t k_off, int64_t v_off) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k + k_off));
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v + v_off));
+  };
+  int64_t k_first, v_first;
+  if (whole_tile<HeadDim>(p, t, tile) && src.tile_rows(rows, tile, k_first, v_first)) {
+    for_whole_tile_rows<HeadDim, Source>(p, k_first, v_first, [&](int, int64_t k_off, int64_t v_off, int chunk) {
+      if (chunk % Tr::kLineChunks == 0) line(k_off, v_off);
+    });
+    return;
+  }
+  for_tile_rows<HeadDim>(p, t, src, rows, tile, [&](int, int chunk, bool valid, int64_t k_off, int64_t v_off) {
+    if (valid && chunk % Tr::kLineChunks == 0) line(k_off, v_off);
   });
 }
 
@@ -403,8 +454,11 @@ __device__ __forceinline__ uint32_t write_rows(const KvCacheParams& p, const Wor
   }
   __syncthreads();
   uint32_t found = 0;  // rows of this thread's values that are Inf or NaN
-  for (int idx = threadIdx.x; idx < t.rows * a.head_dim; idx += kThreads) {
-    const int r = idx / a.head_dim, c = idx % a.head_dim;
+  // Columns counted in the bucket's HeadDim (a shift, not a runtime division:
+  // this loop is the CTA's last stretch), those past the head dim skipped.
+  for (int idx = threadIdx.x; idx < t.rows * HeadDim; idx += kThreads) {
+    const int r = idx / HeadDim, c = idx % HeadDim;
+    if (c >= a.head_dim) continue;
     float o = 0.0f;
 #pragma unroll
     for (int sl = 0; sl < Tr::kKeySlices; ++sl) {

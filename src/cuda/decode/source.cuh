@@ -8,7 +8,7 @@
 // per CTA, a paged row needs the block table. With pages of a multiple of the
 // key tile (64, 128, 256 keys at head dims up to 128) a tile lies in one page
 // and is translated once; smaller pages translate per row (a shift and a mask
-// for power-of-two sizes, a division otherwise). A tile's table entries are
+// for power-of-two sizes, a division otherwise): two sources (PagedKvOf). A tile's table entries are
 // fetched two tiles before its copies (kernel.cuh), so their latency hides
 // behind the math.
 #pragma once
@@ -38,7 +38,8 @@ struct HeadBase {
 // is one multiply-add, read ~1% less with lines.
 template <int HeadDim>
 struct ContiguousKv {
-  using Map = CopyMap<HeadDim, Traits<HeadDim>::kChunks>;
+  using Tr = Traits<HeadDim>;
+  using Map = CopyMap<HeadDim, Tr::kChunks>;
   struct Rows {};
   static constexpr bool kAddressesAhead = true;  // any tile's rows, without a lookup
   int64_t k0, v0;        // key 0
@@ -64,6 +65,12 @@ struct ContiguousKv {
     v = v0 + j * v_row;
     return true;
   }
+  // The offsets of this thread's first row of key tile `tile` (key0 of its
+  // CopyMap) when every row of the tile lies at the cache's row stride from
+  // it (kernel.cuh, for_whole_tile_rows): always, here.
+  __device__ bool tile_rows(const Rows& rows, int tile, int64_t& k, int64_t& v) const {
+    return offsets(rows, tile * Tr::kBlockK + Map::key0(), 0, k, v);
+  }
   __device__ bool saw_bad_index() const { return false; }
 };
 
@@ -73,9 +80,14 @@ struct ContiguousKv {
 //
 // NOTES: the check sits in offsets(), tiles after fetch() loaded the entry, so
 // no warp waits on the table's latency (an L2 round trip under full HBM
-// traffic) in the tile it fetches for.
-template <int HeadDim>
-struct PagedKv {
+// traffic) in the tile it fetches for. WholeTiles (block_size a multiple of
+// kBlockK: 64, 128, 256 keys at head dims up to 128) is a template value, two
+// kernels: a tile then lies in one page, is translated once and its rows are
+// consecutive slots (tile_rows, the copies' short path); with the choice at
+// run time in one kernel, the smaller pages' kernel ran 2-4% slower at batch 1
+// (H100, docs/performance.md 3.6).
+template <int HeadDim, bool WholeTiles>
+struct PagedKvOf {
   using Tr = Traits<HeadDim>;
   using Map = CopyMap<HeadDim, Tr::kLineChunks>;
   struct Rows {
@@ -88,10 +100,9 @@ struct PagedKv {
   int64_t k_page, v_page, k_row, v_row;
   int64_t pages;         // pool size
   int block_size, shift, keys, key0;
-  bool whole_tiles;      // block_size % kBlockK == 0: a tile lies in one page
   mutable bool bad = false;
 
-  __device__ PagedKv(const KvCacheParams& p, const Work& w, const TileWork& t)
+  __device__ PagedKvOf(const KvCacheParams& p, const Work& w, const TileWork& t)
       : table(p.block_table + t.b * p.block_table_stride),
         base(p.attn, t.hk),
         k_page(p.attn.k_batch_stride),
@@ -102,19 +113,18 @@ struct PagedKv {
         block_size(p.block_size),
         shift(w.page_shift),
         keys(t.keys),
-        key0(Map::key0()),
-        whole_tiles(p.block_size % Tr::kBlockK == 0) {}
+        key0(Map::key0()) {}
 
   __device__ bool indices_ok() const { return true; }
   __device__ int page_of(int j) const { return shift >= 0 ? j >> shift : j / block_size; }
   __device__ int slot_of(int j) const { return shift >= 0 ? j & (block_size - 1) : j % block_size; }
   __device__ void fetch(int tile, Rows& rows) const {
     const int first = tile * Tr::kBlockK;
-    const int whole = whole_tiles && first < keys ? table[page_of(first)] : -1;
+    const int whole = WholeTiles && first < keys ? table[page_of(first)] : -1;
 #pragma unroll
     for (int n = 0; n < Map::kRowsPerThread; ++n) {
       const int j = first + key0 + n * Map::kRowsPerPass;
-      rows.page[n] = j >= keys ? -1 : (whole_tiles ? whole : table[page_of(j)]);
+      rows.page[n] = j >= keys ? -1 : (WholeTiles ? whole : table[page_of(j)]);
     }
   }
   // Called for keys j < keys only: a page of -1 there came from the table.
@@ -127,7 +137,21 @@ struct PagedKv {
     v = page * v_page + slot * v_row + base.v;
     return in_pool;
   }
+  // As ContiguousKv::tile_rows for a tile in one page of the pool; false for
+  // smaller pages, and for a page outside the pool, which the per-row path
+  // (offsets) then refuses and records.
+  __device__ bool tile_rows(const Rows& rows, int tile, int64_t& k, int64_t& v) const {
+    const int page = rows.page[0];
+    if (!WholeTiles || page < 0 || page >= pages) return false;
+    return offsets(rows, tile * Tr::kBlockK + key0, 0, k, v);
+  }
   __device__ bool saw_bad_index() const { return bad; }
 };
+
+// The two paged sources, as the kernel's Source template takes them.
+template <int HeadDim>
+using PagedTilesKv = PagedKvOf<HeadDim, true>;
+template <int HeadDim>
+using PagedRowsKv = PagedKvOf<HeadDim, false>;
 
 }  // namespace flashattn::cuda::decode
