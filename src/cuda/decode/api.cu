@@ -147,8 +147,11 @@ Plan make_plan(const KvCacheParams& kp) {
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, a.device_index);
   plan.splits = decode::choose_splits({a.batch, a.heads_kv, plan.query_tiles, kp.capacity, block_keys, sms,
                                        kp.num_splits, plan.ring.ctas_per_sm});
-  plan.l2_prefetch = !kp.is_paged() && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
-                                           decode::kPrefetchMaxSplitTiles;
+  // The loop's L2 prefetch: contiguous caches and pages of whole tiles (the
+  // kernels whose Source::kPrefetchesAhead), short splits.
+  const bool whole_pages = !kp.is_paged() || kp.block_size % block_keys == 0;
+  plan.l2_prefetch = whole_pages && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
+                                        decode::kPrefetchMaxSplitTiles;
   // The prefetch before the grid wait computes rows without a lookup (no
   // cache_batch_idx, no block table: indices the kernel before may still write).
   plan.early_prefetch = !kp.is_paged() && kp.cache_batch_idx == nullptr;

@@ -27,7 +27,7 @@ struct Work {
   int splits;
   int query_tiles;
   int page_shift;       // paged cache with a power-of-two page: log2(block_size); else -1
-  bool l2_prefetch;     // a contiguous cache's short splits: the L2 prefetches a tile more (kernel.cuh)
+  bool l2_prefetch;     // short splits of a contiguous cache or whole-tile pages: the L2 prefetches a tile more (kernel.cuh)
   bool early_prefetch;  // contiguous, no cache_batch_idx: the first tiles go to the L2 before the grid wait
   // The Hopper route (api.cu): int32[batch], the append kernel writes each
   // sequence's key count there (-1 where its indices are out of range); else null.

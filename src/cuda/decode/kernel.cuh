@@ -141,7 +141,7 @@ __device__ __forceinline__ void load_tile(const KvCacheParams& p, const TileWork
 
 // Asks the L2 for key tile `tile` (K and V rows) without copying it: one
 // prefetch per 128-byte line, from the thread holding the line's first chunk.
-// Only for sources whose rows are addressable a tile ahead (Source::kAddressesAhead).
+// Only for sources whose rows are known by then (Source::kPrefetchesAhead).
 template <typename T, int HeadDim, class Source>
 __device__ __forceinline__ void prefetch_tile(const KvCacheParams& p, const TileWork& t, const Source& src,
                                               const typename Source::Rows& rows, int tile) {
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const __grid_consta
   typename Src::Rows rows, next;  // the source rows of the next tile to copy and of the tile after it
   const uint64_t policy = evict_first_policy();
   // A short split also keeps the tile after the ring's on its way into the L2.
-  const bool prefetch = Src::kAddressesAhead && w.l2_prefetch;
+  const bool prefetch = Src::kPrefetchesAhead && w.l2_prefetch;
   if (tiles > 0) src.fetch(t.tile_begin, rows);
   load_queries<T, HeadDim>(p, w, t, q_s);
   cp_async_commit();

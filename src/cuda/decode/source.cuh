@@ -42,6 +42,7 @@ struct ContiguousKv {
   using Map = CopyMap<HeadDim, Tr::kChunks>;
   struct Rows {};
   static constexpr bool kAddressesAhead = true;  // any tile's rows, without a lookup
+  static constexpr bool kPrefetchesAhead = true;  // the loop's L2 prefetch (kernel.cuh) may run
   int64_t k0, v0;        // key 0
   int64_t k_row, v_row;  // one key further
   bool ok;               // the cache row is in range
@@ -93,8 +94,11 @@ struct PagedKvOf {
   struct Rows {
     int page[Map::kRowsPerThread];  // as the block table says, or -1 past the keys
   };
-  // A tile's rows are known a tile after its table entries are requested.
+  // A tile's rows are known a tile after its table entries are requested; the
+  // loop's L2 prefetch of the tile after the ring's takes them then, one
+  // address per tile (tile_rows) where a tile lies in one page.
   static constexpr bool kAddressesAhead = false;
+  static constexpr bool kPrefetchesAhead = WholeTiles;
   const int32_t* table;  // sequence b's row of the block table
   HeadBase base;
   int64_t k_page, v_page, k_row, v_row;
