@@ -93,9 +93,10 @@ __device__ __forceinline__ bool whole_tile(const KvCacheParams& p, const TileWor
 // f(ring element, k_off, v_off, chunk) per chunk (the ring elements depend on
 // the thread and n only: fixed per thread).
 // NOTES: the per-row path checks, translates and swizzles every row (~260
-// instructions a warp per d128 tile, ncu); on the critical path of a short
-// split (batch 1: two tiles a split) that delayed the last copies' issue by
-// microseconds. Here a row is two additions and its copies.
+// instructions a warp per d128 tile, ncu); here a row is two additions and
+// its copies (~45 a tile). Measured on the H100 (docs/performance.md 3.6):
+// head dim 64, whose tiles carry half the bytes, +2-14%; d128 level to +6%
+// (a d128 batch-1 split waits on its tiles' bytes, not on issuing copies).
 template <int HeadDim, class Source, class F>
 __device__ __forceinline__ void for_whole_tile_rows(const KvCacheParams& p, int64_t k_first, int64_t v_first,
                                                     F&& f) {
