@@ -144,7 +144,7 @@ def _check_full(num, indices, bq, bk, call):
         i0, j0 = qb[p].item() * bq, kb[p].item() * bk
         i1, j1 = min(i0 + bq, call.sq), min(j0 + bk, call.sk)
         # the block's pair of largest j - i, or of the smallest if that one is visible
-        i, j = (i0, j1 - 1) if not bool(call.visible(torch.tensor(i0), torch.tensor(j1 - 1))) else (i1 - 1, j0)
+        i, j = (i0, j1 - 1) if not call.visible(i0, j1 - 1) else (i1 - 1, j0)
         raise _differs("full", b[p].item(), h[p].item(), i, j, call)
 
 

@@ -129,6 +129,12 @@ struct Plan {
   size_t total() const { return q_rotated_bytes + partial_o_bytes + partial_lse_bytes + key_count_bytes; }
 };
 
+// A paged cache whose pages hold whole key tiles (the decode kernel's
+// PagedTilesKv source: a tile translated once, its rows known a tile ahead).
+bool pages_of_whole_tiles(const KvCacheParams& kp, int block_keys) {
+  return kp.is_paged() && kp.block_size % block_keys == 0;
+}
+
 Plan make_plan(const KvCacheParams& kp) {
   const AttentionParams& a = kp.attn;
   Plan plan;
@@ -149,7 +155,7 @@ Plan make_plan(const KvCacheParams& kp) {
                                        kp.num_splits, plan.ring.ctas_per_sm});
   // The loop's L2 prefetch: contiguous caches and pages of whole tiles (the
   // kernels whose Source::kPrefetchesAhead), short splits.
-  const bool whole_pages = !kp.is_paged() || kp.block_size % block_keys == 0;
+  const bool whole_pages = !kp.is_paged() || pages_of_whole_tiles(kp, block_keys);
   plan.l2_prefetch = whole_pages && decode::tiles_per_split(kp.capacity, block_keys, plan.splits) <=
                                         decode::kPrefetchMaxSplitTiles;
   // The prefetch before the grid wait computes rows without a lookup (no
@@ -238,7 +244,7 @@ fa_status launch_decode(const KvCacheParams& kp, const decode::Work& w, cudaStre
 template <typename T, int HeadDim, int RingBytes>
 fa_status launch_for_cache(const KvCacheParams& kp, const decode::Work& w, cudaStream_t stream) {
   if (!kp.is_paged()) return launch_decode<T, HeadDim, RingBytes, decode::ContiguousKv>(kp, w, stream);
-  return kp.block_size % decode::block_keys(HeadDim) == 0
+  return pages_of_whole_tiles(kp, decode::block_keys(HeadDim))
              ? launch_decode<T, HeadDim, RingBytes, decode::PagedTilesKv>(kp, w, stream)
              : launch_decode<T, HeadDim, RingBytes, decode::PagedRowsKv>(kp, w, stream);
 }

@@ -141,13 +141,11 @@ struct PagedKvOf {
     v = page * v_page + slot * v_row + base.v;
     return in_pool;
   }
-  // As ContiguousKv::tile_rows for a tile in one page of the pool; false for
-  // smaller pages, and for a page outside the pool, which the per-row path
-  // (offsets) then refuses and records.
+  // As ContiguousKv::tile_rows for a tile in one page (every row of a whole
+  // tile holds its page's entry); false for smaller pages, and for a page
+  // outside the pool, which offsets() records and the per-row path refuses.
   __device__ bool tile_rows(const Rows& rows, int tile, int64_t& k, int64_t& v) const {
-    const int page = rows.page[0];
-    if (!WholeTiles || page < 0 || page >= pages) return false;
-    return offsets(rows, tile * Tr::kBlockK + key0, 0, k, v);
+    return WholeTiles && offsets(rows, tile * Tr::kBlockK + key0, 0, k, v);
   }
   __device__ bool saw_bad_index() const { return bad; }
 };
